@@ -1,0 +1,52 @@
+"""The ``demoscale`` command: a table of subcommands, each loaded only when it runs.
+
+Every subcommand is a module exposing ``main(argv: list[str]) -> int``; the module is a thin
+shell over functions users can import. Loading lazily keeps ``demoscale laws ...`` free of torch.
+"""
+
+from __future__ import annotations
+
+import importlib
+import sys
+
+# name -> (module, one-line help)
+COMMANDS: dict[str, tuple[str, str]] = {
+    "demo": ("demoscale.demo", "run the whole loop in simulation: collect, ingest, sweep, fit, recommend"),
+    "store": ("demoscale.datasets.cli", "inspect, validate and label episode stores"),
+    "ingest": ("demoscale.collect.cli", "ingest UMI, JoyLo, robomimic or replay-buffer data into a store"),
+    "collect": ("demoscale.eval.collect_cli", "collect scripted demonstrations in simulation (raw formats)"),
+    "train": ("demoscale.policies.cli", "train policies with the Lightning CLI (fit, validate, ...)"),
+    "eval": ("demoscale.eval.cli", "roll out checkpoints or experts; import real-robot score files"),
+    "sweep": ("demoscale.ray_jobs.cli", "sweep training over env/object/demo counts on Ray"),
+    "laws": ("demoscale.scaling.cli", "fit scaling laws, plot them, recommend a data budget"),
+}
+
+
+def _usage() -> str:
+    width = max(len(name) for name in COMMANDS)
+    lines = ["usage: demoscale <command> [options]", "", "commands:"]
+    lines += [f"  {name:<{width}}  {help_}" for name, (_, help_) in COMMANDS.items()]
+    lines += ["", "Run 'demoscale <command> --help' for the options of one command."]
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if not argv or argv[0] in {"-h", "--help", "help"}:
+        print(_usage())
+        return 0
+    if argv[0] in {"-V", "--version"}:
+        from demoscale import __version__
+
+        print(f"demoscale {__version__}")
+        return 0
+    name, rest = argv[0], argv[1:]
+    if name not in COMMANDS:
+        print(f"demoscale: unknown command {name!r}\n\n{_usage()}", file=sys.stderr)
+        return 2
+    module = importlib.import_module(COMMANDS[name][0])
+    return int(module.main(rest) or 0)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
