@@ -1,0 +1,89 @@
+"""House rules of docs/architecture.md, enforced: who may import whom, and a torch-free scaling."""
+
+from __future__ import annotations
+
+import ast
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+REPO_ROOT = Path(__file__).resolve().parents[1]
+
+# package -> the packages of ours it may import (docs/architecture.md, "Rules of the house")
+ALLOWED: dict[str, set[str]] = {
+    "datasets": set(),
+    "collect": {"datasets"},
+    "policies": {"datasets"},
+    "eval": {"datasets", "collect", "policies"},
+    "ray_jobs": {"datasets", "collect", "policies", "eval"},
+    "scaling": set(),
+}
+
+
+def _imported_subpackages(path: Path) -> set[str]:
+    """Subpackages of demoscale imported anywhere in a file (top level or inside functions)."""
+    tree = ast.parse(path.read_text(), filename=str(path))
+    found: set[str] = set()
+    for node in ast.walk(tree):
+        names: list[str] = []
+        if isinstance(node, ast.Import):
+            names = [alias.name for alias in node.names]
+        elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+            names = [node.module]
+            if node.module == "demoscale":
+                names += [f"demoscale.{alias.name}" for alias in node.names]
+        elif isinstance(node, ast.ImportFrom) and node.level >= 2:
+            # "from ..x import y" inside a folder reaches a sibling folder: not allowed.
+            found.add("<relative import beyond its package>")
+        for name in names:
+            parts = name.split(".")
+            if parts[0] == "demoscale" and len(parts) > 1 and parts[1] in ALLOWED:
+                found.add(parts[1])
+    return found
+
+
+@pytest.mark.parametrize("package", sorted(ALLOWED))
+def test_imports_follow_the_one_way_rule(package: str) -> None:
+    violations = []
+    for path in sorted((REPO_ROOT / package).rglob("*.py")):
+        # Nested subpackages may use "from .. import" within their own package; resolve generously
+        # by only flagging imports of other top-level folders.
+        imported = _imported_subpackages(path) - {package, "<relative import beyond its package>"}
+        forbidden = imported - ALLOWED[package]
+        if forbidden:
+            violations.append(f"{path.relative_to(REPO_ROOT)} imports {sorted(forbidden)}")
+    assert not violations, (
+        f"{package} may import only {sorted(ALLOWED[package]) or 'none of ours'}:\n" + "\n".join(violations)
+    )
+
+
+def test_rule_checker_catches_a_violation(tmp_path: Path) -> None:
+    offending = tmp_path / "bad.py"
+    offending.write_text(
+        "def f():\n    from demoscale.policies import train\n    import demoscale.eval.rollout\n"
+    )
+    assert _imported_subpackages(offending) == {"policies", "eval"}
+
+
+def test_scaling_imports_without_torch_ray_or_mujoco() -> None:
+    code = (
+        "import sys, demoscale.scaling\n"
+        "heavy = sorted(m for m in ('torch', 'ray', 'mujoco', 'lightning') if m in sys.modules)\n"
+        "print(','.join(heavy))\n"
+    )
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert result.stdout.strip() == "", f"demoscale.scaling pulled in: {result.stdout.strip()}"
+
+
+def test_dispatcher_starts_without_heavy_imports() -> None:
+    code = (
+        "import sys\n"
+        "from demoscale.__main__ import main\n"
+        "assert main(['--help']) == 0\n"
+        "print('heavy=' + ','.join(m for m in ('torch', 'ray', 'mujoco') if m in sys.modules))\n"
+    )
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert "usage: demoscale" in result.stdout
+    assert result.stdout.strip().splitlines()[-1] == "heavy="
