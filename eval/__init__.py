@@ -1,0 +1,53 @@
+"""Simulated tasks, rollout evaluation with confidence intervals, and real-robot score files.
+
+Importing this package is light (no MuJoCo, no torch): task modules load when a task is asked for.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+from demoscale.eval.ids import IdRangeError, env_id, env_ids, object_id, object_ids, split_of
+from demoscale.eval.tasks import TASKS, TaskDefinition, UnknownTaskError, get_task, make_env, task_names
+
+if TYPE_CHECKING:  # pragma: no cover
+    from demoscale.eval.collect_sim import collect_sim
+    from demoscale.eval.rollout import EvalResult, evaluate, wilson_interval
+    from demoscale.eval.scores import import_scores
+
+_LAZY = {
+    "collect_sim": "demoscale.eval.collect_sim",
+    "evaluate": "demoscale.eval.rollout",
+    "EvalResult": "demoscale.eval.rollout",
+    "wilson_interval": "demoscale.eval.rollout",
+    "import_scores": "demoscale.eval.scores",
+}
+
+
+def __getattr__(name: str) -> Any:
+    if name in _LAZY:
+        import importlib
+
+        return getattr(importlib.import_module(_LAZY[name]), name)
+    raise AttributeError(f"module 'demoscale.eval' has no attribute {name!r}")
+
+
+__all__ = [
+    "TASKS",
+    "EvalResult",
+    "IdRangeError",
+    "TaskDefinition",
+    "UnknownTaskError",
+    "collect_sim",
+    "env_id",
+    "env_ids",
+    "evaluate",
+    "get_task",
+    "import_scores",
+    "make_env",
+    "object_id",
+    "object_ids",
+    "split_of",
+    "task_names",
+    "wilson_interval",
+]
