@@ -319,8 +319,8 @@ def label_store_waypoints(
     if signals["rotation"]:
         keys.add(signals["rotation"])
     ends = np.asarray(store.episode_ends, dtype=np.int64)
-    starts = np.r_[0, ends[:-1]]
-    result = np.empty(int(ends[-1]) if len(ends) else 0, dtype=np.int64)
+    starts = np.asarray(store.episode_starts, dtype=np.int64)
+    result = np.empty(store.n_frames, dtype=np.int64)
     for episode_index, (start, end) in enumerate(
         tqdm(list(zip(starts, ends, strict=True)), desc="label waypoints", disable=len(ends) < 20)
     ):
@@ -349,20 +349,15 @@ def label_store_waypoints(
     return result
 
 
-def _data_group(store_path: str, mode: str) -> Any:
-    import zarr
-
-    root = zarr.open_group(store_path, mode=mode)
-    return root["data"]
-
-
 def _write_next_waypoint_index(store_path: str, values: np.ndarray, parameters: dict[str, Any]) -> None:
-    data = _data_group(store_path, "r+")
+    from .store import EpisodeStore
+
+    data = EpisodeStore.open(store_path, mode="a")._root["data"]
     array = data.create_array(
         NEXT_WAYPOINT_KEY,
         shape=values.shape,
         dtype="int64",
-        chunks=(max(1, min(len(values), 65536)),),
+        chunks=(max(1, min(len(values), 1 << 17)),),
         overwrite=True,
     )
     array[:] = values
@@ -372,11 +367,20 @@ def _write_next_waypoint_index(store_path: str, values: np.ndarray, parameters: 
 def read_next_waypoint_index(
     store_path: str, with_parameters: bool = False
 ) -> np.ndarray | tuple[np.ndarray, dict[str, Any]] | None:
-    """The cached ``next_waypoint_index`` array of a store (and its parameters), or None if absent."""
-    data = _data_group(store_path, "r")
+    """The cached ``next_waypoint_index`` array of a store (and its parameters), or None if absent.
+
+    A cache whose length no longer matches the store's frames (episodes appended after labelling)
+    counts as absent.
+    """
+    from .store import EpisodeStore
+
+    store = EpisodeStore.open(store_path, mode="r")
+    data = store._root["data"]
     if NEXT_WAYPOINT_KEY not in data:
         return None
     array = data[NEXT_WAYPOINT_KEY]
+    if array.shape[0] != store.n_frames:
+        return None
     values = np.asarray(array[:], dtype=np.int64)
     if with_parameters:
         return values, dict(array.attrs.get("waypoint_parameters", {}))

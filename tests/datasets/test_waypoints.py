@@ -108,3 +108,71 @@ def test_bad_inputs_raise_clear_errors():
 def test_next_waypoint_index_points_strictly_forward_within_the_episode():
     following = next_waypoint_indices(np.array([3, 7, 9]), 10, offset=100)
     assert following.tolist() == [103, 103, 103, 107, 107, 107, 107, 109, 109, 109]
+
+
+def _umi_like_store(path, n_episodes: int = 2):
+    from demoscale.datasets import EpisodeStore, FeatureSpec
+
+    features = {
+        "robot0_eef_pos": FeatureSpec(kind="low_dim", shape=(3,), dtype="float32", rate_hz=10.0, units="m"),
+        "robot0_gripper_width": FeatureSpec(
+            kind="low_dim", shape=(1,), dtype="float32", rate_hz=10.0, units="m"
+        ),
+        "action": FeatureSpec(kind="low_dim", shape=(4,), dtype="float32", rate_hz=10.0, units="m"),
+    }
+    store = EpisodeStore.create(str(path), features)
+    corner = np.concatenate([_corner(), np.zeros((21, 1))], axis=1).astype(np.float32)  # waypoints 10, 20
+    gripper = np.where(np.arange(21) >= 5, 0.0, 0.08).astype(np.float32)[:, None]  # toggles at 5
+    for episode in range(n_episodes):
+        store.append_episode(
+            {
+                "robot0_eef_pos": corner,
+                "robot0_gripper_width": gripper,
+                "action": np.concatenate([corner, gripper], axis=1),
+            },
+            env_id="0",
+            object_id=str(episode),
+            task="corner",
+            operator="scripted",
+            source=f"corner-{episode}",
+            source_sha256=f"{episode:064x}",
+            success=True,
+        )
+    return store
+
+
+def test_store_labelling_caches_global_next_waypoint_indices(tmp_path):
+    from demoscale.datasets.waypoints import label_store_waypoints, read_next_waypoint_index
+
+    path = tmp_path / "corner.zarr"
+    store = _umi_like_store(path)
+    values = label_store_waypoints(str(path), threshold=1e-3)
+    expected = next_waypoint_indices(np.array([5, 10, 20]), 21)
+    assert values.tolist() == expected.tolist() + (expected + 21).tolist()
+    assert read_next_waypoint_index(str(path)).tolist() == values.tolist()
+    # Cached: the same parameters return the cache; other parameters need overwrite.
+    assert label_store_waypoints(str(path), threshold=1e-3).tolist() == values.tolist()
+    with pytest.raises(WaypointError, match="overwrite"):
+        label_store_waypoints(str(path), threshold=0.5)
+    loose = label_store_waypoints(str(path), threshold=0.5, overwrite=True)
+    assert loose[0] == 5 and loose[6] == 20  # the toggle stays, the corner goes
+    with pytest.raises(WaypointError, match="threshold must be > 0"):
+        label_store_waypoints(str(path), threshold=0)
+    # The store stays valid, and appending an episode makes the cache stale.
+    store.validate()
+    del store
+    from demoscale.datasets import EpisodeStore
+
+    appended = EpisodeStore.open(str(path), mode="a")
+    appended.append_episode(
+        {key: appended.read(key, 0, 21) for key in appended.features},
+        env_id="1",
+        object_id="0",
+        task="corner",
+        operator="scripted",
+        source="corner-extra",
+        source_sha256="f" * 64,
+        success=True,
+    )
+    assert read_next_waypoint_index(str(path)) is None
+    assert len(label_store_waypoints(str(path), threshold=0.5)) == 63
