@@ -1,0 +1,112 @@
+"""Configuration of the WB-VIMA-style whole-body policy (plain dataclasses, filled from YAML)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from ..encoders import ImageEncoderConfig, PointCloudEncoderConfig
+
+
+@dataclass
+class ChainPart:
+    """One link of the kinematic chain decoded by its own diffusion head.
+
+    Attributes:
+        name: a label for logs (``mobile_base``, ``torso``, ``arms``).
+        keys: the store's action keys that make up this part, in order (their sizes add up to ``dim``).
+        dim: the size of this part's action vector.
+    """
+
+    name: str
+    keys: list[str]
+    dim: int
+
+
+def joylo_chain() -> list[ChainPart]:
+    """The JoyLo / Galaxea R1 chain: mobile base, then torso, then both arms with their grippers."""
+    return [
+        ChainPart("mobile_base", ["action_mobile_base"], 3),
+        ChainPart("torso", ["action_torso"], 4),
+        ChainPart(
+            "arms", ["action_left_arm", "action_left_gripper", "action_right_arm", "action_right_gripper"], 14
+        ),
+    ]
+
+
+@dataclass
+class PointCloudInput:
+    """Which store keys hold the point cloud, and the crop box that maps xyz to [-1, 1].
+
+    ``n_points`` (when set) is the number of points every frame must have.
+    """
+
+    xyz_key: str = "pointcloud_xyz"
+    rgb_key: str | None = "pointcloud_rgb"
+    mask_key: str | None = "pointcloud_mask"
+    crop_min: list[float] = field(default_factory=lambda: [-1.0, -1.0, -1.0])
+    crop_max: list[float] = field(default_factory=lambda: [1.0, 1.0, 1.0])
+    n_points: int | None = None
+
+
+@dataclass
+class WBVIMAConfig:
+    """WB-VIMA: per-step observation tokens, a causal transformer with readout tokens, and diffusion
+    heads decoded autoregressively along the kinematic chain.
+
+    Attributes:
+        chain: the parts decoded in order (each conditioned on all earlier ones).
+        action_key: the store's whole-body action key; the chain's dims must add up to its size.
+        obs_window: number of observed frames (offsets ``-(obs_window-1) .. 0``).
+        horizon: action chunk length; n_action_steps: how many of them are executed per prediction.
+        proprio_key: the proprioception key (None: no proprioception token).
+        proprio_hidden_dims: MLP of the proprioception encoder.
+        point_cloud: point-cloud keys and crop box (None: no point-cloud token).
+        point_cloud_encoder: PointNet settings (6 channels with rgb, 3 without).
+        image_keys: camera keys encoded with the shared timm encoder, one token each per step.
+        image: the image encoder settings.
+        embed_dim, n_layers, n_heads, dropout: the transformer.
+        autoregressive: decode the chain part by part (False: one joint head over the whole action).
+        multimodal_attention: mix tokens with the transformer (False: concatenate tokens + MLP).
+        down_dims, kernel_size, step_embed_dim, n_groups: each head's 1-D conditional U-Net.
+        num_train_timesteps, num_inference_steps, beta_schedule, prediction_type: the DDIM schedule.
+        waypoint_head: add the PIVOT-R-style waypoint head (needs ``next_waypoint_index`` in the store).
+        waypoint_hidden_dims, waypoint_loss_weight: its MLP and the weight of its MSE loss.
+    """
+
+    chain: list[ChainPart] = field(default_factory=joylo_chain)
+    action_key: str | None = "action"
+    obs_window: int = 2
+    horizon: int = 8
+    n_action_steps: int = 8
+    proprio_key: str | None = "proprio"
+    proprio_hidden_dims: list[int] = field(default_factory=lambda: [256, 256])
+    point_cloud: PointCloudInput | None = field(default_factory=PointCloudInput)
+    point_cloud_encoder: PointCloudEncoderConfig = field(default_factory=PointCloudEncoderConfig)
+    image_keys: list[str] = field(default_factory=list)
+    image: ImageEncoderConfig = field(default_factory=ImageEncoderConfig)
+    embed_dim: int = 256
+    n_layers: int = 2
+    n_heads: int = 8
+    dropout: float = 0.1
+    autoregressive: bool = True
+    multimodal_attention: bool = True
+    down_dims: list[int] = field(default_factory=lambda: [64, 128])
+    kernel_size: int = 5
+    step_embed_dim: int = 64
+    n_groups: int = 8
+    num_train_timesteps: int = 100
+    num_inference_steps: int = 16
+    beta_schedule: str = "squaredcos_cap_v2"
+    prediction_type: str = "epsilon"
+    waypoint_head: bool = False
+    waypoint_hidden_dims: list[int] = field(default_factory=lambda: [256])
+    waypoint_loss_weight: float = 1.0
+
+    @property
+    def action_keys(self) -> list[str]:
+        """All action keys in chain order (the sampler's ``action_keys``)."""
+        return [key for part in self.chain for key in part.keys]
+
+    @property
+    def obs_offsets(self) -> list[int]:
+        return list(range(-(self.obs_window - 1), 1))
