@@ -37,6 +37,9 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 import numpy as np
+from demoscale.collect.ingest import ContentHash, EpisodePlan, IngestError, check_finite, write_plans
+from demoscale.collect.sources import SourceIds, resolve_sources
+from demoscale.collect.zarr_source import RawGroup, inspect_group, open_cached, register_image_codecs
 
 JPEGXL_CODEC_ID = "imagecodecs_jpegxl"
 _ROBOT_LOW_DIM = ("eef_pos", "eef_rot_axis_angle", "gripper_width")
@@ -44,13 +47,6 @@ _ROBOT_KEY = re.compile(
     r"^robot(\d+)_(eef_pos|eef_rot_axis_angle|gripper_width|demo_start_pose|demo_end_pose)$"
 )
 _CAMERA_KEY = re.compile(r"^camera(\d+)_rgb$")
-
-
-def register_image_codecs() -> None:
-    """Register imagecodecs' numcodecs codecs (JPEG-XL among them) in this process."""
-    from imagecodecs.numcodecs import register_codecs
-
-    register_codecs()
 
 
 def _complete_episode(episode: Mapping[str, np.ndarray], index: int) -> dict[str, np.ndarray]:
@@ -161,3 +157,276 @@ def write_umi_zip(
                     archive.write(file, file.relative_to(scratch).as_posix())
         os.replace(partial, path)
     return path
+
+
+# ----------------------------------------------------------------------------------------------
+# Reading and ingestion
+
+UMI_RATE_HZ = 60.0  # the GoPro rate UMI zips are recorded at; the zip itself records no rate
+
+
+def robot_keys(robot: int) -> list[str]:
+    return [f"robot{robot}_{part}" for part in _ROBOT_LOW_DIM]
+
+
+def umi_features(robots: Sequence[int], cameras: Mapping[int, tuple[int, int]], rate_hz: float) -> dict:
+    """Store features of UMI-style data (also what the simulated tabletop writes)."""
+    from demoscale.datasets import FeatureSpec
+
+    features = {}
+    for camera, (height, width) in sorted(cameras.items()):
+        features[f"camera{camera}_rgb"] = FeatureSpec(
+            kind="image", shape=(height, width, 3), dtype="uint8", rate_hz=rate_hz, units="rgb"
+        )
+    for robot in robots:
+        low_dim = {
+            "eef_pos": ((3,), "float32", "m"),
+            "eef_rot_axis_angle": ((3,), "float32", "rad (axis-angle)"),
+            "gripper_width": ((1,), "float32", "m"),
+            "demo_start_pose": ((6,), "float64", "m,rad (axis-angle)"),
+            "demo_end_pose": ((6,), "float64", "m,rad (axis-angle)"),
+        }
+        for part, (shape, dtype, units) in low_dim.items():
+            features[f"robot{robot}_{part}"] = FeatureSpec(
+                kind="low_dim", shape=shape, dtype=dtype, rate_hz=rate_hz, units=units, frame="world"
+            )
+    features["action"] = FeatureSpec(
+        kind="low_dim",
+        shape=(7 * len(robots),),
+        dtype="float32",
+        rate_hz=rate_hz,
+        units="m,rad,m per robot (next-frame eef_pos, eef_rot_axis_angle, gripper_width)",
+        frame="world",
+    )
+    return features
+
+
+def next_pose_action(arrays: Mapping[str, np.ndarray], robots: Sequence[int]) -> np.ndarray:
+    """``action`` = concat over robots of (eef_pos, eef_rot_axis_angle, gripper_width) of the next frame.
+
+    The last frame repeats itself: the robot is commanded to stay where it ended.
+    """
+    parts = [
+        np.asarray(arrays[key], np.float32).reshape(len(arrays[key]), -1)
+        for r in robots
+        for key in robot_keys(r)
+    ]
+    pose = np.concatenate(parts, axis=1)
+    return np.concatenate([pose[1:], pose[-1:]], axis=0)
+
+
+def _split_keys(info, where: str) -> tuple[list[int], dict[int, tuple[int, int]], list[str]]:
+    """Robots, cameras (index -> (H, W)) and the keys to read; checks shapes and dtypes."""
+    import warnings
+
+    robots, cameras, keys = set(), {}, []
+    for name, array in info.arrays.items():
+        if match := _CAMERA_KEY.match(name):
+            if array.dtype != np.uint8 or len(array.shape) != 4 or array.shape[-1] != 3:
+                raise IngestError(
+                    f"{where}: key {name!r} must be (T, H, W, 3) uint8, got {array.dtype} {array.shape}"
+                )
+            cameras[int(match.group(1))] = (array.shape[1], array.shape[2])
+            keys.append(name)
+        elif match := _ROBOT_KEY.match(name):
+            robots.add(int(match.group(1)))
+            width = {"eef_pos": 3, "eef_rot_axis_angle": 3, "gripper_width": 1}.get(match.group(2), 6)
+            if int(np.prod(array.shape[1:])) != width or not np.issubdtype(array.dtype, np.floating):
+                raise IngestError(
+                    f"{where}: key {name!r} must be (T, {width}) float, got {array.dtype} {array.shape}"
+                )
+            keys.append(name)
+        else:
+            warnings.warn(f"{where}: key {name!r} is not a UMI key and is not ingested", stacklevel=3)
+    if not robots:
+        raise IngestError(f"{where}: no robot<i>_eef_pos / ... arrays under data/")
+    for robot in sorted(robots):
+        for key in robot_keys(robot):
+            if key not in info.arrays:
+                raise IngestError(f"{where}: key {key!r} is missing")
+    return sorted(robots), cameras, keys
+
+
+def _copyable(array) -> bool:
+    """Frames whose chunk bytes are a JPEG-XL image each and can be handed over as they are."""
+    return (
+        array.compressor_id == JPEGXL_CODEC_ID
+        and not array.has_filters
+        and array.chunks == (1, *array.shape[1:])
+    )
+
+
+def plan_umi_zip(path: str | os.PathLike, ids=None, rate_hz: float | None = None, progress: bool = False):
+    """Validate a whole UMI zip; return (features, episode plans, rate_hz). Raises IngestError."""
+    from tqdm import tqdm
+
+    ids = ids or SourceIds()
+    path = Path(path).resolve()
+    raw = RawGroup(path)
+    try:
+        info = inspect_group(raw)
+        robots, cameras, keys = _split_keys(info, str(path))
+        import zarr
+
+        root = zarr.open_group(raw.zarr_store(), mode="r", zarr_format=2)
+        if rate_hz is None:
+            rate_hz = float(root.attrs.get("rate_hz", UMI_RATE_HZ))
+        low_dim = {}
+        for key in keys:
+            if key.startswith("robot"):
+                try:
+                    low_dim[key] = np.asarray(root[f"data/{key}"][:])
+                except Exception as error:
+                    raise IngestError(f"{path}: key {key!r} cannot be read: {error}") from error
+                check_finite(low_dim[key], str(path), key, info.episode_ends)
+        for camera in cameras:
+            key = f"camera{camera}_rgb"
+            try:
+                root[f"data/{key}"][0]
+            except Exception as error:
+                raise IngestError(
+                    f"{path}: key {key!r}, episode 0: frame 0 cannot be decoded: {error}"
+                ) from error
+        plans = []
+        for episode in tqdm(
+            range(info.n_episodes), desc=f"validate {path.name}", unit="episode", disable=not progress
+        ):
+            start, end = info.bounds(episode)
+            digest = ContentHash()
+            for key in sorted(low_dim):
+                digest.array(key, low_dim[key][start:end])
+            for camera in sorted(cameras):
+                key = f"camera{camera}_rgb"
+                array = info.arrays[key]
+                if _copyable(array):
+                    for frame in range(start, end):
+                        name = array.chunk_name(frame)
+                        if not raw.exists(name):
+                            raise IngestError(
+                                f"{path}: key {key!r}, episode {episode}: chunk of frame {frame - start} is missing"
+                            )
+                        digest.raw(key, raw.read(name))
+                else:
+                    try:
+                        digest.array(key, np.asarray(root[f"data/{key}"][start:end]))
+                    except Exception as error:
+                        raise IngestError(
+                            f"{path}: key {key!r}, episode {episode}: cannot be decoded: {error}"
+                        ) from error
+            load_args = {
+                "path": str(path),
+                "start": start,
+                "end": end,
+                "robots": robots,
+                "keys": keys,
+                "copyable": [k for k in keys if k.startswith("camera") and _copyable(info.arrays[k])],
+            }
+            plans.append(
+                EpisodePlan(
+                    source=f"{path}#episode={episode}",
+                    sha256=digest.hexdigest(),
+                    length=end - start,
+                    load_args=load_args,
+                    env_id=ids.env_id,
+                    object_id=ids.object_id,
+                    task=ids.task,
+                    operator=ids.operator,
+                )
+            )
+    finally:
+        raw.close()
+    return umi_features(robots, cameras, rate_hz), plans, rate_hz
+
+
+def load_umi_episode(args: Mapping, want_encoded: bool):
+    """Loader for one planned UMI episode: (arrays, encoded frames or None)."""
+    raw, root = open_cached(args["path"])
+    start, end = args["start"], args["end"]
+    arrays: dict[str, np.ndarray] = {}
+    encoded: dict[str, list[bytes]] = {}
+    for key in args["keys"]:
+        array = root[f"data/{key}"]
+        if want_encoded and key in args["copyable"]:
+            separator = array.metadata.dimension_separator or "."
+            rest = separator.join("0" for _ in array.shape[1:])
+            encoded[key] = [raw.read(f"data/{key}/{frame}{separator}{rest}") for frame in range(start, end)]
+        else:
+            arrays[key] = np.asarray(array[start:end])
+    for robot in args["robots"]:
+        for part in ("eef_pos", "eef_rot_axis_angle", "gripper_width"):
+            key = f"robot{robot}_{part}"
+            arrays[key] = arrays[key].reshape(end - start, -1).astype(np.float32, copy=False)
+        pose = np.concatenate(
+            [arrays[f"robot{robot}_eef_pos"], arrays[f"robot{robot}_eef_rot_axis_angle"]], axis=1
+        )
+        for part, row in (("demo_start_pose", 0), ("demo_end_pose", -1)):
+            key = f"robot{robot}_{part}"
+            if key in arrays:
+                arrays[key] = arrays[key].astype(np.float64, copy=False)
+            else:
+                arrays[key] = np.repeat(pose[row][None].astype(np.float64), end - start, axis=0)
+    arrays["action"] = next_pose_action(arrays, args["robots"])
+    return arrays, (encoded or None)
+
+
+def ingest_umi(
+    src: str | os.PathLike,
+    store: str | os.PathLike,
+    *,
+    env_id: str | None = None,
+    object_id: str | None = None,
+    task: str | None = None,
+    operator: str | None = None,
+    manifest: str | os.PathLike | None = None,
+    rate_hz: float | None = None,
+    image_codec: str | None = None,
+    workers: int = 1,
+    dry_run: bool = False,
+    progress: bool = True,
+):
+    """Ingest UMI ``dataset.zarr.zip`` files into the episode store at ``store``.
+
+    ``src`` is one zip or a directory searched for ``*.zarr.zip`` (env/object/task taken from a
+    ``<task>/env_<i>/object_<j>/`` layout; ``manifest`` and the explicit ids override it). Every
+    source is validated as a whole before anything is written. When the store's image codec is
+    JPEG-XL the frames' compressed bytes are copied as they are; otherwise they are decoded and
+    re-encoded by the store. ``rate_hz`` defaults to the zip's ``rate_hz`` attribute, else 60 Hz.
+    Returns an :class:`~demoscale.collect.IngestSummary`.
+    """
+    import time
+
+    started = time.perf_counter()
+    overrides = {"env_id": env_id, "object_id": object_id, "task": task, "operator": operator}
+    sources = resolve_sources(
+        src, ["*.zarr.zip"], manifest=manifest, overrides=overrides, what="UMI dataset.zarr.zip"
+    )
+    features, plans, rates = None, [], set()
+    for path, ids in sources:
+        source_features, source_plans, source_rate = plan_umi_zip(path, ids, rate_hz, progress=progress)
+        if features is not None and _feature_signature(source_features) != _feature_signature(features):
+            raise IngestError(
+                f"{path}: keys/shapes {_feature_signature(source_features)} differ from the first source's "
+                f"{_feature_signature(features)}"
+            )
+        features = features or source_features
+        rates.add(source_rate)
+        plans.extend(source_plans)
+    if len(rates) > 1:
+        raise IngestError(f"{src}: sources record different rates {sorted(rates)}; pass rate_hz")
+    return write_plans(
+        store,
+        features,
+        plans,
+        load_umi_episode,
+        sources=[str(p) for p, _ in sources],
+        image_codec=image_codec,
+        copy_codec="jpegxl",
+        workers=workers,
+        dry_run=dry_run,
+        progress=progress,
+        started=started,
+    )
+
+
+def _feature_signature(features: Mapping) -> list[tuple]:
+    return sorted((key, spec.kind, tuple(spec.shape), spec.dtype) for key, spec in features.items())

@@ -82,3 +82,72 @@ def make_umi_episode():
 @pytest.fixture
 def make_joylo_episode():
     return joylo_episode
+
+
+def write_umi_zip_fixture(path, episodes, lossless: bool = False):
+    """A UMI dataset.zarr.zip written with zarr + numcodecs directly (not through demoscale's writer)."""
+    import zipfile
+
+    import zarr
+    from imagecodecs.numcodecs import Jpegxl, register_codecs
+
+    register_codecs(verbose=False)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    folder = path.parent / (path.name + ".d")
+    root = zarr.open_group(str(folder), mode="w", zarr_format=2)
+    ends = np.cumsum([len(e["robot0_eef_pos"]) for e in episodes]).astype(np.int64)
+    root.create_group("meta").create_array("episode_ends", data=ends, chunks=ends.shape, compressor=None)
+    data = root.create_group("data")
+    for key in episodes[0]:
+        full = np.concatenate([e[key] for e in episodes])
+        if key.startswith("camera"):
+            chunks, compressor = (1, *full.shape[1:]), Jpegxl(level=99, lossless=lossless)
+        else:
+            chunks, compressor = (len(episodes[0][key]), *full.shape[1:]), None
+        data.create_array(key, data=full, chunks=chunks, compressor=compressor)
+    for key in [k for k in episodes[0] if k.endswith("_eef_pos")]:
+        robot = key[: -len("_eef_pos")]
+        for name, row in (("demo_start_pose", 0), ("demo_end_pose", -1)):
+            rows = []
+            for e in episodes:
+                pose = np.concatenate([e[f"{robot}_eef_pos"][row], e[f"{robot}_eef_rot_axis_angle"][row]])
+                rows.append(np.repeat(pose[None].astype(np.float64), len(e[key]), 0))
+            data.create_array(
+                f"{robot}_{name}",
+                data=np.concatenate(rows),
+                chunks=(len(episodes[0][key]), 6),
+                compressor=None,
+            )
+    with zipfile.ZipFile(path, "w", compression=zipfile.ZIP_STORED) as archive:
+        for file in sorted(folder.rglob("*")):
+            if file.is_file():
+                archive.write(file, file.relative_to(folder).as_posix())
+    import shutil
+
+    shutil.rmtree(folder)
+    return path
+
+
+def store_snapshot(location):
+    """Every file of a store directory with its sha256 (None when there is no store)."""
+    import hashlib
+    from pathlib import Path
+
+    location = Path(location)
+    if not location.exists():
+        return None
+    return {
+        p.relative_to(location).as_posix(): hashlib.sha256(p.read_bytes()).hexdigest()
+        for p in sorted(location.rglob("*"))
+        if p.is_file()
+    }
+
+
+@pytest.fixture
+def umi_zip_fixture():
+    return write_umi_zip_fixture
+
+
+@pytest.fixture
+def snapshot():
+    return store_snapshot

@@ -1,0 +1,58 @@
+"""Readers, validators and writers of the raw demonstration formats, and ingestion into the store.
+
+Ingesters (each returns an :class:`IngestSummary` and raises :class:`IngestError` on bad input,
+leaving the store as it was):
+
+- :func:`ingest_umi` — UMI ``dataset.zarr.zip`` files (or a ``<task>/env_<i>/object_<j>/`` tree);
+- :func:`ingest_umi_session` — a raw UMI session (``dataset_plan.pkl`` + ``demos/*/raw_video.mp4``);
+- :func:`ingest_joylo` — JoyLo per-episode HDF5 files or a merged BRS file;
+- :func:`ingest_robomimic` — a robomimic HDF5 file;
+- :func:`ingest_replay_buffer` — a diffusion_policy replay buffer (e.g. PushT).
+
+Writers of the source formats (used by the simulator, as hardware would write them):
+:func:`write_umi_zip`, :func:`write_joylo_episode`, :func:`write_brs_merged`.
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
+
+from demoscale.collect.ingest import IngestError, IngestSummary
+
+__all__ = [
+    "IngestError",
+    "IngestSummary",
+    "ingest_umi",
+    "ingest_umi_session",
+    "ingest_joylo",
+    "ingest_robomimic",
+    "ingest_replay_buffer",
+    "write_umi_zip",
+    "write_joylo_episode",
+    "write_brs_merged",
+]
+
+_LAZY = {
+    "ingest_umi": "demoscale.collect.umi",
+    "write_umi_zip": "demoscale.collect.umi",
+    "ingest_umi_session": "demoscale.collect.umi_session",
+    "ingest_joylo": "demoscale.collect.joylo",
+    "write_joylo_episode": "demoscale.collect.joylo",
+    "write_brs_merged": "demoscale.collect.joylo",
+    "ingest_robomimic": "demoscale.collect.robomimic",
+    "ingest_replay_buffer": "demoscale.collect.replay_buffer",
+}
+
+if TYPE_CHECKING:
+    from demoscale.collect.joylo import ingest_joylo, write_brs_merged, write_joylo_episode
+    from demoscale.collect.replay_buffer import ingest_replay_buffer
+    from demoscale.collect.robomimic import ingest_robomimic
+    from demoscale.collect.umi import ingest_umi, write_umi_zip
+    from demoscale.collect.umi_session import ingest_umi_session
+
+
+def __getattr__(name: str) -> Any:
+    if name in _LAZY:
+        return getattr(importlib.import_module(_LAZY[name]), name)
+    raise AttributeError(f"module 'demoscale.collect' has no attribute {name!r}")

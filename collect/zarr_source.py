@@ -1,0 +1,227 @@
+"""Reading Zarr format-2 ``data/`` + ``meta/episode_ends`` groups (UMI zips, replay buffers).
+
+Both a ``.zarr.zip`` and a ``.zarr`` directory are accepted. Metadata is read from the raw
+``.zarray`` files so that every problem (a truncated zip, a missing index, an unknown codec, arrays
+whose lengths disagree with ``episode_ends``) is reported with the file and key before any array is
+decoded. Chunk bytes can be read as they are (to copy already-encoded images); reads from a zip
+verify each member's CRC, so corrupt bytes are caught too.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import zipfile
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+from demoscale.collect.ingest import IngestError
+
+
+def register_image_codecs() -> None:
+    """Register imagecodecs' numcodecs codecs (JPEG-XL among them) in this process."""
+    from imagecodecs.numcodecs import register_codecs
+
+    register_codecs(verbose=False)  # idempotent; quiet about codecs that are already registered
+
+
+class RawGroup:
+    """Raw member access to a Zarr format-2 group stored in a zip file or a directory."""
+
+    def __init__(self, path: str | os.PathLike) -> None:
+        self.path = Path(path)
+        self._zip: zipfile.ZipFile | None = None
+        self._zarr_store = None
+        if self.path.is_dir():
+            return
+        if not self.path.exists():
+            raise IngestError(f"{self.path}: no such file or directory")
+        try:
+            self._zip = zipfile.ZipFile(self.path)
+        except (zipfile.BadZipFile, OSError) as error:
+            raise IngestError(
+                f"{self.path}: not a readable zip file (truncated or corrupt?): {error}"
+            ) from error
+        self._names = set(self._zip.namelist())
+
+    @property
+    def is_zip(self) -> bool:
+        return self._zip is not None
+
+    def exists(self, name: str) -> bool:
+        if self._zip is not None:
+            return name in self._names
+        return (self.path / name).is_file()
+
+    def read(self, name: str) -> bytes:
+        try:
+            if self._zip is not None:
+                return self._zip.read(name)
+            return (self.path / name).read_bytes()
+        except KeyError as error:
+            raise IngestError(f"{self.path}: member {name!r} is missing") from error
+        except (zipfile.BadZipFile, OSError, EOFError) as error:
+            raise IngestError(f"{self.path}: member {name!r} cannot be read (corrupt?): {error}") from error
+
+    def list_arrays(self, group: str) -> list[str]:
+        """Names of the arrays directly inside ``group`` (those with a ``.zarray``)."""
+        prefix = f"{group}/"
+        if self._zip is not None:
+            names = {n[len(prefix) :].split("/")[0] for n in self._names if n.startswith(prefix)}
+            return sorted(n for n in names if f"{prefix}{n}/.zarray" in self._names)
+        folder = self.path / group
+        if not folder.is_dir():
+            return []
+        return sorted(p.name for p in folder.iterdir() if (p / ".zarray").is_file())
+
+    def array_meta(self, name: str) -> dict[str, Any]:
+        raw = self.read(f"{name}/.zarray")
+        try:
+            return json.loads(raw)
+        except json.JSONDecodeError as error:
+            raise IngestError(f"{self.path}: {name}/.zarray is not valid JSON: {error}") from error
+
+    def zarr_store(self):
+        """A read-only zarr store over the same source (closed with this object)."""
+        import zarr
+
+        if self._zarr_store is None:
+            if self._zip is not None:
+                self._zarr_store = zarr.storage.ZipStore(self.path, mode="r")
+            else:
+                self._zarr_store = zarr.storage.LocalStore(self.path, read_only=True)
+        return self._zarr_store
+
+    def close(self) -> None:
+        if self._zip is not None:
+            self._zip.close()
+        if self._zarr_store is not None:
+            self._zarr_store.close()
+
+
+@dataclass
+class ArrayInfo:
+    name: str  # key inside data/
+    shape: tuple[int, ...]
+    chunks: tuple[int, ...]
+    dtype: np.dtype
+    compressor_id: str | None
+    has_filters: bool
+    separator: str
+
+    def chunk_name(self, frame: int) -> str:
+        """Member name of the chunk holding ``frame`` when chunks are one frame each."""
+        rest = [0] * (len(self.shape) - 1)
+        return f"data/{self.name}/" + self.separator.join(str(i) for i in [frame, *rest])
+
+
+@dataclass
+class GroupInfo:
+    path: Path
+    episode_ends: np.ndarray
+    arrays: dict[str, ArrayInfo]
+
+    @property
+    def n_episodes(self) -> int:
+        return len(self.episode_ends)
+
+    def bounds(self, episode: int) -> tuple[int, int]:
+        start = int(self.episode_ends[episode - 1]) if episode else 0
+        return start, int(self.episode_ends[episode])
+
+
+def _check_codec(path: Path, key: str, config: dict | None) -> None:
+    import numcodecs
+
+    if config is None:
+        return
+    try:
+        numcodecs.get_codec(dict(config))
+    except Exception as error:  # numcodecs raises UnknownCodecError or the codec's own errors
+        raise IngestError(
+            f"{path}: key {key!r}: codec {config.get('id')!r} is not available ({error}); "
+            "is the package that provides it installed?"
+        ) from error
+
+
+def inspect_group(raw: RawGroup) -> GroupInfo:
+    """Validate the metadata of a ``data/`` + ``meta/episode_ends`` group and read the index."""
+    import zarr
+
+    register_image_codecs()
+    path = raw.path
+    if not raw.exists("meta/episode_ends/.zarray"):
+        raise IngestError(f"{path}: no meta/episode_ends array: not an episode group (UMI / replay buffer)")
+    meta = raw.array_meta("meta/episode_ends")
+    if meta.get("zarr_format") != 2:
+        raise IngestError(f"{path}: meta/episode_ends is not a Zarr format-2 array")
+    _check_codec(path, "meta/episode_ends", meta.get("compressor"))
+    try:
+        root = zarr.open_group(raw.zarr_store(), mode="r", zarr_format=2)
+        episode_ends = np.asarray(root["meta/episode_ends"][:])
+    except IngestError:
+        raise
+    except Exception as error:
+        raise IngestError(f"{path}: meta/episode_ends cannot be read: {error}") from error
+    if episode_ends.ndim != 1 or not np.issubdtype(episode_ends.dtype, np.integer) or len(episode_ends) == 0:
+        raise IngestError(
+            f"{path}: meta/episode_ends must be a non-empty 1-D integer array, got {episode_ends.dtype} {episode_ends.shape}"
+        )
+    episode_ends = episode_ends.astype(np.int64)
+    steps = np.diff(np.concatenate([[0], episode_ends]))
+    if (steps <= 0).any():
+        bad = int(np.flatnonzero(steps <= 0)[0])
+        raise IngestError(f"{path}: meta/episode_ends is not strictly increasing at episode {bad}")
+    total = int(episode_ends[-1])
+    arrays: dict[str, ArrayInfo] = {}
+    names = raw.list_arrays("data")
+    if not names:
+        raise IngestError(f"{path}: no arrays under data/")
+    for name in names:
+        meta = raw.array_meta(f"data/{name}")
+        if meta.get("zarr_format") != 2:
+            raise IngestError(f"{path}: key {name!r} is not a Zarr format-2 array")
+        _check_codec(path, name, meta.get("compressor"))
+        for config in meta.get("filters") or []:
+            _check_codec(path, name, config)
+        shape = tuple(int(n) for n in meta["shape"])
+        if not shape or shape[0] != total:
+            raise IngestError(
+                f"{path}: key {name!r} has {shape[0] if shape else 0} frames but meta/episode_ends says {total} "
+                f"(episode {len(episode_ends) - 1} ends at {total})"
+            )
+        arrays[name] = ArrayInfo(
+            name=name,
+            shape=shape,
+            chunks=tuple(int(n) for n in meta["chunks"]),
+            dtype=np.dtype(meta["dtype"]),
+            compressor_id=(meta.get("compressor") or {}).get("id"),
+            has_filters=bool(meta.get("filters")),
+            separator=meta.get("dimension_separator") or ".",
+        )
+    return GroupInfo(path=path, episode_ends=episode_ends, arrays=arrays)
+
+
+# One open source per worker process: a zip's central directory is read once, not per episode.
+_OPEN: dict[str, tuple[RawGroup, Any]] = {}
+
+
+def open_cached(path: str | os.PathLike) -> tuple[RawGroup, Any]:
+    """(RawGroup, zarr group) for ``path``, opened once per process."""
+    import zarr
+
+    # Keyed by process id too: a forked child must never share its parent's open file offsets.
+    key = f"{os.getpid()}:{path}"
+    if key not in _OPEN:
+        register_image_codecs()
+        raw = RawGroup(path)
+        _OPEN[key] = (raw, zarr.open_group(raw.zarr_store(), mode="r", zarr_format=2))
+    return _OPEN[key]
+
+
+def close_cached(path: str | os.PathLike) -> None:
+    entry = _OPEN.pop(f"{os.getpid()}:{path}", None)
+    if entry is not None:
+        entry[0].close()
