@@ -102,11 +102,47 @@ class WBVIMAConfig:
     waypoint_hidden_dims: list[int] = field(default_factory=lambda: [256])
     waypoint_loss_weight: float = 1.0
 
+    def __post_init__(self) -> None:
+        # YAML / checkpoint dicts become the nested dataclasses.
+        self.chain = [ChainPart(**part) if isinstance(part, dict) else part for part in self.chain]
+        if isinstance(self.point_cloud, dict):
+            self.point_cloud = PointCloudInput(**self.point_cloud)
+        if isinstance(self.point_cloud_encoder, dict):
+            self.point_cloud_encoder = PointCloudEncoderConfig(**self.point_cloud_encoder)
+        if isinstance(self.image, dict):
+            self.image = ImageEncoderConfig(**self.image)
+        if not self.chain:
+            raise ValueError("chain must list at least one part")
+        if self.obs_window < 1:
+            raise ValueError(f"obs_window must be >= 1, got {self.obs_window}")
+        if not 1 <= self.n_action_steps <= self.horizon:
+            raise ValueError(
+                f"n_action_steps must be in 1..horizon={self.horizon}, got {self.n_action_steps}"
+            )
+
     @property
     def action_keys(self) -> list[str]:
         """All action keys in chain order (the sampler's ``action_keys``)."""
         return [key for part in self.chain for key in part.keys]
 
     @property
-    def obs_offsets(self) -> list[int]:
-        return list(range(-(self.obs_window - 1), 1))
+    def obs_keys(self) -> list[str]:
+        """Store keys the policy observes: point cloud, proprioception, cameras."""
+        keys: list[str] = []
+        if self.point_cloud is not None:
+            cloud = self.point_cloud
+            keys += [key for key in (cloud.xyz_key, cloud.rgb_key, cloud.mask_key) if key is not None]
+        if self.proprio_key is not None:
+            keys.append(self.proprio_key)
+        return keys + list(self.image_keys)
+
+    @property
+    def obs_offsets(self) -> dict[str, list[int]]:
+        """Observed key -> frame offsets ``-(obs_window-1) .. 0``."""
+        offsets = list(range(-(self.obs_window - 1), 1))
+        return {key: list(offsets) for key in self.obs_keys}
+
+    @property
+    def waypoint_keys(self) -> list[str]:
+        """Keys of the waypoint frame the sampler must return (empty without the waypoint head)."""
+        return self.obs_keys if self.waypoint_head else []

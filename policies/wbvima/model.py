@@ -130,7 +130,8 @@ class WBVIMAPolicy(nn.Module):
     Args:
         config: the policy settings.
         features: the store's feature spec (kept in checkpoints).
-        stats: key -> statistics (``EpisodeStore.stats``) for the proprioception and action keys.
+        stats: key -> statistics (``EpisodeStore.stats``) for the proprioception and action keys
+            (None when the weights, statistics included, come from a checkpoint).
     """
 
     def __init__(
@@ -146,7 +147,7 @@ class WBVIMAPolicy(nn.Module):
         self.normalizer = Normalizer(
             {key: self.features[key]["shape"] or [1] for key in norm_keys},
             {key: "min_max" for key in norm_keys},
-            {key: stats[key] for key in norm_keys if key in stats},
+            {key: stats[key] for key in norm_keys if key in (stats or {})},
         )
 
         # Observation token encoders, in token order.
@@ -235,17 +236,11 @@ class WBVIMAPolicy(nn.Module):
     @property
     def obs_keys(self) -> list[str]:
         """Store keys the policy observes."""
-        keys: list[str] = []
-        cloud = self.config.point_cloud
-        if cloud is not None:
-            keys += [k for k in (cloud.xyz_key, cloud.rgb_key, cloud.mask_key) if k is not None]
-        if self.config.proprio_key is not None:
-            keys.append(self.config.proprio_key)
-        return keys + list(self.config.image_keys)
+        return self.config.obs_keys
 
     @property
     def obs_offsets(self) -> dict[str, list[int]]:
-        return {key: self.config.obs_offsets for key in self.obs_keys}
+        return self.config.obs_offsets
 
     @property
     def action_dim(self) -> int:
@@ -357,7 +352,11 @@ class WBVIMAPolicy(nn.Module):
     def _split_parts(self, action: torch.Tensor) -> list[torch.Tensor]:
         return list(torch.split(action, [dim for _, dim in self.head_parts], dim=-1))
 
-    def compute_loss(self, batch: Mapping[str, Any]) -> dict[str, torch.Tensor]:
+    def compute_loss(self, batch: Mapping[str, Any]) -> torch.Tensor:
+        """The total training loss (see :meth:`compute_losses` for its parts)."""
+        return self.compute_losses(batch)["loss"]
+
+    def compute_losses(self, batch: Mapping[str, Any]) -> dict[str, torch.Tensor]:
         """Training losses: ``loss`` (total), ``action_loss``, one ``loss_<part>`` per head, ``waypoint_loss``."""
         obs = batch["obs"]
         action = self.normalize_action(batch["action"].float())
@@ -398,11 +397,11 @@ class WBVIMAPolicy(nn.Module):
             losses["loss"] = losses["loss"] + self.config.waypoint_loss_weight * losses["waypoint_loss"]
         return losses
 
-    def _scheduler(self) -> DDIMScheduler:
+    def _scheduler(self, num_inference_steps: int | None = None) -> DDIMScheduler:
         # A private copy per call: set_timesteps mutates the scheduler, and the executor may call
         # from another thread.
         scheduler = copy.deepcopy(self.noise_scheduler)
-        scheduler.set_timesteps(self.num_inference_steps)
+        scheduler.set_timesteps(num_inference_steps or self.num_inference_steps)
         return scheduler
 
     @torch.no_grad()
@@ -411,6 +410,7 @@ class WBVIMAPolicy(nn.Module):
         condition: Mapping[str, torch.Tensor],
         generator: torch.Generator | None = None,
         fixed_parts: Mapping[str, torch.Tensor] | None = None,
+        num_inference_steps: int | None = None,
     ) -> torch.Tensor:
         """Denoise the chain part by part -> (B, H, action_dim) NORMALISED actions.
 
@@ -419,7 +419,7 @@ class WBVIMAPolicy(nn.Module):
         """
         global_cond = self._global_condition(condition)
         batch = global_cond.shape[0]
-        scheduler = self._scheduler()
+        scheduler = self._scheduler(num_inference_steps)
         upstream: list[torch.Tensor] = []
         for (name, dim), head in zip(self.head_parts, self.heads, strict=True):
             if fixed_parts is not None and name in fixed_parts:
@@ -440,7 +440,22 @@ class WBVIMAPolicy(nn.Module):
 
     @torch.no_grad()
     def predict_action(
-        self, obs: Mapping[str, torch.Tensor], generator: torch.Generator | None = None
+        self,
+        obs: Mapping[str, torch.Tensor],
+        num_inference_steps: int | None = None,
+        generator: torch.Generator | None = None,
     ) -> torch.Tensor:
         """Batched observation window -> (B, horizon, action_dim) actions in absolute units."""
-        return self.unnormalize_action(self.sample_actions(self.condition(obs), generator))
+        return self.act_from_condition(self.condition(obs), num_inference_steps, generator)
+
+    @torch.no_grad()
+    def act_from_condition(
+        self,
+        condition: Mapping[str, torch.Tensor],
+        num_inference_steps: int | None = None,
+        generator: torch.Generator | None = None,
+    ) -> torch.Tensor:
+        """The fast part: denoise actions for a condition from :meth:`condition` -> absolute units."""
+        return self.unnormalize_action(
+            self.sample_actions(condition, generator, num_inference_steps=num_inference_steps)
+        )

@@ -1,0 +1,53 @@
+"""Policies: observation encoders, the diffusion policy, the Lightning layer, training and inference.
+
+Public entry points: :func:`train` (what ``demoscale train fit`` runs), :func:`load_policy`
+(checkpoint -> :class:`Policy` with ``predict_action``), the reusable building blocks
+(:mod:`~demoscale.policies.encoders`, :mod:`~demoscale.policies.normalize`,
+:mod:`~demoscale.policies.unet1d`, :mod:`~demoscale.policies.rotation`) and the Lightning modules.
+Heavy imports (torch, Lightning) happen on first use.
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
+
+__all__ = [
+    "train",
+    "TrainResult",
+    "load_policy",
+    "Policy",
+    "TemporalEnsembler",
+    "DiffusionConfig",
+    "DiffusionPolicy",
+    "PolicyModule",
+    "DiffusionPolicyModule",
+    "PolicyDataModule",
+]
+
+_LAZY = {
+    "train": "demoscale.policies.training",
+    "TrainResult": "demoscale.policies.training",
+    "load_policy": "demoscale.policies.inference",
+    "Policy": "demoscale.policies.inference",
+    "TemporalEnsembler": "demoscale.policies.inference",
+    "DiffusionConfig": "demoscale.policies.diffusion.config",
+    "DiffusionPolicy": "demoscale.policies.diffusion.model",
+    "PolicyModule": "demoscale.policies.lightning_module",
+    "DiffusionPolicyModule": "demoscale.policies.lightning_module",
+    "PolicyDataModule": "demoscale.policies.data",
+}
+
+if TYPE_CHECKING:
+    from demoscale.policies.data import PolicyDataModule
+    from demoscale.policies.diffusion.config import DiffusionConfig
+    from demoscale.policies.diffusion.model import DiffusionPolicy
+    from demoscale.policies.inference import Policy, TemporalEnsembler, load_policy
+    from demoscale.policies.lightning_module import DiffusionPolicyModule, PolicyModule
+    from demoscale.policies.training import TrainResult, train
+
+
+def __getattr__(name: str) -> Any:
+    if name in _LAZY:
+        return getattr(importlib.import_module(_LAZY[name]), name)
+    raise AttributeError(f"module 'demoscale.policies' has no attribute {name!r}")

@@ -1,0 +1,89 @@
+"""``demoscale train fit|validate|... --config configs/<name>.yaml`` — the Lightning CLI over the policies.
+
+Every Trainer, model (``model.init_args.*``) and data (``data.*``) argument is settable from YAML or
+flags; ``--print_config`` prints the resolved configuration. Added on top of Lightning's defaults:
+
+- ``checkpoint.*``: a ModelCheckpoint (every ``every_n_train_steps`` optimizer steps and
+  ``save_last=True``); ``--ckpt_path last`` resumes from it;
+- ``throughput.*``: :class:`~demoscale.policies.callbacks.ThroughputLogger`;
+- ``gc.*``: :class:`~demoscale.policies.callbacks.ScheduledGC`;
+- a CSV logger under ``trainer.default_root_dir`` unless ``trainer.logger`` is set (TensorBoard
+  and W&B loggers work when their packages are installed: ``--trainer.logger=TensorBoardLogger``);
+- gradient accumulation derived from ``model.init_args.global_batch_size`` and the DataModule's
+  micro-batch ``data.batch_size`` (over all devices).
+"""
+
+from __future__ import annotations
+
+import sys
+from typing import Any
+
+from demoscale.policies.callbacks import ScheduledGC, ThroughputLogger
+from demoscale.policies.data import PolicyDataModule
+from demoscale.policies.lightning_module import PolicyModule
+from lightning.pytorch.callbacks import ModelCheckpoint
+from lightning.pytorch.cli import LightningCLI
+
+
+class PolicyCLI(LightningCLI):
+    """LightningCLI with demoscale's default callbacks, logger and batch-size rule."""
+
+    def add_arguments_to_parser(self, parser: Any) -> None:
+        parser.add_lightning_class_args(ModelCheckpoint, "checkpoint")
+        parser.set_defaults(
+            {
+                "checkpoint.save_last": True,
+                "checkpoint.every_n_train_steps": 1000,
+                "checkpoint.save_top_k": -1 if False else 1,
+                "checkpoint.filename": "step{step:07d}",
+                "checkpoint.auto_insert_metric_name": False,
+            }
+        )
+        parser.add_lightning_class_args(ThroughputLogger, "throughput")
+        parser.add_lightning_class_args(ScheduledGC, "gc")
+
+    def before_instantiate_classes(self) -> None:
+        config = self.config[self.subcommand] if self.subcommand else self.config
+        trainer = config["trainer"]
+        if trainer.get("logger") in (None, True):
+            trainer["logger"] = {
+                "class_path": "lightning.pytorch.loggers.CSVLogger",
+                "init_args": {"save_dir": trainer.get("default_root_dir") or "runs", "name": "logs"},
+            }
+        model_args = (
+            config["model"].get("init_args", {}) if "init_args" in config["model"] else config["model"]
+        )
+        global_batch = model_args.get("global_batch_size")
+        micro_batch = config["data"].get("batch_size")
+        if global_batch and micro_batch:
+            devices = trainer.get("devices")
+            n_devices = devices if isinstance(devices, int) and devices > 0 else 1
+            n_devices *= int(trainer.get("num_nodes") or 1)
+            per_step = micro_batch * n_devices
+            if global_batch % per_step:
+                raise ValueError(
+                    f"model.global_batch_size {global_batch} is not a multiple of data.batch_size {micro_batch} "
+                    f"x {n_devices} device(s)"
+                )
+            trainer["accumulate_grad_batches"] = global_batch // per_step
+
+
+def make_cli(argv: list[str] | None, run: bool = True) -> PolicyCLI:
+    """The CLI object (``run=False`` only parses and instantiates)."""
+    return PolicyCLI(
+        PolicyModule,
+        PolicyDataModule,
+        subclass_mode_model=True,
+        args=argv,
+        run=run,
+        save_config_kwargs={"overwrite": True},
+        trainer_defaults={"default_root_dir": "runs"},
+        parser_kwargs={"prog": "demoscale train"},
+        auto_configure_optimizers=False,
+    )
+
+
+def main(argv: list[str] | None = None) -> int:
+    """``demoscale train ...``."""
+    make_cli(list(sys.argv[1:] if argv is None else argv))
+    return 0

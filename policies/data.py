@@ -1,0 +1,137 @@
+"""The DataModule the policy CLI trains from: ``EpisodeDataModule`` + policy-driven window + exact resume.
+
+Two additions over :class:`demoscale.datasets.EpisodeDataModule`:
+
+- the observation window, action keys and horizon default to the policy's own (so a YAML names them
+  once, under ``model``); when given explicitly they must agree with the policy;
+- resuming mid-epoch continues the data exactly where the checkpoint left it: the sampler is the
+  same (seed, epoch) permutation, and the batches the restored loop already trained on are skipped.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Any
+
+import numpy as np
+from demoscale.datasets import EpisodeDataModule
+from demoscale.datasets.sampler import DEFAULT_PRELOAD_BYTES
+from torch.utils.data import DataLoader, Sampler
+
+
+class ResumableShuffleSampler(Sampler[int]):
+    """The (seed, epoch) permutation of ``range(n)``; ``skip_next(k)`` drops its first k indices once."""
+
+    def __init__(self, n: int, seed: int = 0) -> None:
+        self.n = int(n)
+        self.seed = int(seed)
+        self.epoch = 0
+        self._skip = 0
+
+    def set_epoch(self, epoch: int) -> None:
+        self.epoch = int(epoch)
+
+    def skip_next(self, n_indices: int) -> None:
+        self._skip = int(n_indices)
+
+    def __iter__(self) -> Iterator[int]:
+        order = np.random.default_rng([self.seed, self.epoch]).permutation(self.n)
+        start, self._skip = self._skip, 0
+        return iter(order[start:].tolist())
+
+    def __len__(self) -> int:
+        return self.n
+
+
+class PolicyDataModule(EpisodeDataModule):
+    """Training/validation windows for a policy; see the module docstring.
+
+    Args:
+        store: store location (directory, .zip or fsspec URL).
+        obs_offsets, action_keys, horizon: the window; ``None`` = take the policy's.
+        batch_size: the micro-batch (per device); gradient accumulation makes up the global batch.
+        num_workers, val_fraction, seed, episodes, drop_last, preload_bytes: as in
+            :class:`~demoscale.datasets.EpisodeDataModule` (``episodes`` selects a subset).
+    """
+
+    def __init__(
+        self,
+        store: str,
+        obs_offsets: dict[str, list[int]] | None = None,
+        action_keys: list[str] | None = None,
+        horizon: int | None = None,
+        batch_size: int = 64,
+        num_workers: int = 0,
+        val_fraction: float = 0.1,
+        seed: int = 0,
+        episodes: list[int] | None = None,
+        drop_last: bool = True,
+        preload_bytes: int = DEFAULT_PRELOAD_BYTES,
+    ) -> None:
+        super().__init__(
+            store,
+            obs_offsets or {},
+            action_keys or [],
+            horizon=horizon or 1,
+            batch_size=batch_size,
+            num_workers=num_workers,
+            val_fraction=val_fraction,
+            seed=seed,
+            episodes=episodes,
+            drop_last=drop_last,
+            preload_bytes=preload_bytes,
+        )
+        self._explicit = {"obs_offsets": obs_offsets, "action_keys": action_keys, "horizon": horizon}
+        self._window_resolved = False
+
+    def _resolve_window(self) -> None:
+        if self._window_resolved:
+            return
+        module = self.trainer.lightning_module if self.trainer is not None else None
+        window = module.data_window() if module is not None and hasattr(module, "data_window") else None
+        if window is None:
+            missing = [name for name, value in self._explicit.items() if value is None]
+            if missing:
+                raise ValueError(f"data.{missing} must be given when the model does not define the window")
+        else:
+            for name, wanted in window.items():
+                given = self._explicit[name]
+                if given is not None and given != wanted:
+                    raise ValueError(
+                        f"data.{name}={given!r} disagrees with the policy's {name}={wanted!r}; "
+                        f"leave data.{name} unset to use the policy's"
+                    )
+            self.obs_offsets = {k: [int(o) for o in v] for k, v in window["obs_offsets"].items()}
+            self.action_keys = list(window["action_keys"])
+            self.horizon = int(window["horizon"])
+        self._window_resolved = True
+
+    def setup(self, stage: str | None = None) -> None:
+        self._resolve_window()
+        super().setup(stage)
+
+    def episode_lengths(self, episodes: list[int]) -> np.ndarray:
+        store = self.store
+        return np.asarray(store.episode_ends)[episodes] - np.asarray(store.episode_starts)[episodes]
+
+    def train_dataloader(self) -> DataLoader:
+        self.setup("fit")
+        assert self.train_dataset is not None
+        sampler = ResumableShuffleSampler(len(self.train_dataset), self.seed)
+        skip = self._batches_already_trained()
+        if skip:
+            sampler.skip_next(skip * self.batch_size)
+        return self._loader(self.train_dataset, sampler, self.drop_last)
+
+    def _batches_already_trained(self) -> int:
+        """Batches of the current epoch a resumed loop has already consumed (0 on a fresh start)."""
+        trainer: Any = self.trainer
+        if trainer is None or getattr(trainer, "ckpt_path", None) is None:
+            return 0
+        processed = int(trainer.fit_loop.epoch_loop.batch_progress.current.processed)
+        n_batches = (
+            len(self.train_dataset) // self.batch_size
+            if self.drop_last
+            else -(-len(self.train_dataset) // self.batch_size)
+        )
+        return processed if 0 < processed < n_batches else 0

@@ -1,0 +1,88 @@
+"""Configuration of the diffusion policy (a typed, documented dataclass; YAML maps onto it)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Literal
+
+from demoscale.policies.encoders import ImageEncoderConfig, LowDimEncoderConfig
+
+
+@dataclass
+class DiffusionConfig:
+    """Everything that defines a diffusion policy network and its input/output representation.
+
+    Attributes:
+        obs_offsets: observed key -> frame offsets of its window (``{"camera0_rgb": [-3, 0]}``); every
+            key must be a feature of the store, and every window must contain offset 0.
+        action_keys: store keys concatenated (in order) into the predicted action vector.
+        horizon: length of the predicted action chunk (a multiple of ``2 ** (len(down_dims) - 1)``).
+        n_action_steps: actions of a chunk executed before the policy is queried again.
+        action_representation: ``absolute`` (the store's units) or ``relative`` (UMI-style: each
+            action's pose relative to the latest observed end-effector pose, as pos + 6-D rotation
+            + gripper; needs the [pos(3), axis_angle(3), gripper(1)]-per-robot action layout).
+        pose_keys: per robot, the observed [position key, axis-angle key] used as the reference pose
+            of relative actions; default ``robot{i}_eef_pos`` / ``robot{i}_eef_rot_axis_angle``.
+        relative_obs: with relative actions, encode the observed pose history relative to the
+            current pose (pos + 6-D rotation) instead of absolute poses.
+        obs_norm_mode: normalisation of low-dim observations (``min_max`` to [-1, 1] or ``mean_std``).
+        action_norm_mode: normalisation of actions (``min_max`` or ``mean_std``).
+        relative_stats_max_frames: frames sampled from the store to compute statistics of relative
+            actions and observations.
+        image: image-encoder settings (timm backbone name, crop, jitter, shared flag, ...).
+        low_dim: low-dim encoder settings.
+        down_dims, kernel_size, step_embed_dim, n_groups: 1-D U-Net size.
+        noise_scheduler: ``ddim`` or ``ddpm`` (diffusers); used for sampling at inference.
+        num_train_timesteps, beta_schedule, prediction_type, clip_sample: the diffusion process.
+        num_inference_steps: denoising steps at inference (16 for UMI's DDIM).
+        activation_checkpointing: recompute encoder and U-Net activations in the backward pass.
+        mask_padding_loss: ignore the loss on action steps past the end of the episode.
+    """
+
+    obs_offsets: dict[str, list[int]] = field(default_factory=lambda: {"camera0_rgb": [-1, 0]})
+    action_keys: list[str] = field(default_factory=lambda: ["action"])
+    horizon: int = 16
+    n_action_steps: int = 8
+    action_representation: Literal["absolute", "relative"] = "absolute"
+    pose_keys: list[list[str]] | None = None
+    relative_obs: bool = True
+    obs_norm_mode: Literal["min_max", "mean_std"] = "min_max"
+    action_norm_mode: Literal["min_max", "mean_std"] = "min_max"
+    relative_stats_max_frames: int = 20000
+    image: ImageEncoderConfig = field(default_factory=ImageEncoderConfig)
+    low_dim: LowDimEncoderConfig = field(default_factory=LowDimEncoderConfig)
+    down_dims: list[int] = field(default_factory=lambda: [256, 512, 1024])
+    kernel_size: int = 5
+    step_embed_dim: int = 128
+    n_groups: int = 8
+    noise_scheduler: Literal["ddim", "ddpm"] = "ddim"
+    num_train_timesteps: int = 50
+    beta_schedule: str = "squaredcos_cap_v2"
+    prediction_type: Literal["epsilon", "sample", "v_prediction"] = "epsilon"
+    clip_sample: bool = True
+    num_inference_steps: int = 16
+    activation_checkpointing: bool = False
+    mask_padding_loss: bool = True
+
+    def validate(self) -> None:
+        """Raise ValueError on settings that cannot work, before any network is built."""
+        if not self.obs_offsets:
+            raise ValueError("obs_offsets is empty: the policy must observe at least one key")
+        for key, offsets in self.obs_offsets.items():
+            if 0 not in offsets:
+                raise ValueError(f"observation window of {key!r} ({offsets}) must contain offset 0")
+            if any(offset > 0 for offset in offsets):
+                raise ValueError(f"observation window of {key!r} ({offsets}) looks into the future")
+        multiple = 2 ** (len(self.down_dims) - 1)
+        if self.horizon < 1 or self.horizon % multiple:
+            raise ValueError(
+                f"horizon {self.horizon} must be a positive multiple of {multiple} for down_dims {self.down_dims}"
+            )
+        if not 1 <= self.n_action_steps <= self.horizon:
+            raise ValueError(f"n_action_steps {self.n_action_steps} must be in [1, horizon={self.horizon}]")
+        if self.num_inference_steps > self.num_train_timesteps:
+            raise ValueError(
+                f"num_inference_steps {self.num_inference_steps} exceeds num_train_timesteps {self.num_train_timesteps}"
+            )
+        if not 0.0 < self.image.crop_fraction <= 1.0:
+            raise ValueError(f"image.crop_fraction {self.image.crop_fraction} must be in (0, 1]")

@@ -1,0 +1,343 @@
+"""The diffusion policy network: observation encoder + FiLM U-Net denoiser + diffusers scheduler.
+
+:class:`DiffusionPolicy` is a plain ``nn.Module`` (no Lightning): ``compute_loss(batch)`` for
+training and ``predict_action(obs)`` for inference, both on batches in the sample format of
+``demoscale.datasets``. Normalisation statistics live in buffers inside it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+from demoscale.policies import actions as action_repr
+from demoscale.policies.diffusion.config import DiffusionConfig
+from demoscale.policies.encoders import ObservationEncoder, feature_to_dict
+from demoscale.policies.normalize import Normalizer
+from demoscale.policies.unet1d import ConditionalUnet1D
+from torch import nn
+
+ACTION = "action"  # the normaliser key of the (concatenated, possibly relative) action vector
+
+
+def make_scheduler(config: DiffusionConfig):  # noqa: ANN201 - a diffusers scheduler
+    """The diffusers noise scheduler named by the config."""
+    from diffusers import DDIMScheduler, DDPMScheduler
+
+    cls = DDIMScheduler if config.noise_scheduler == "ddim" else DDPMScheduler
+    return cls(
+        num_train_timesteps=config.num_train_timesteps,
+        beta_schedule=config.beta_schedule,
+        prediction_type=config.prediction_type,
+        clip_sample=config.clip_sample,
+    )
+
+
+def default_pose_keys(n_robots: int) -> list[list[str]]:
+    return [[f"robot{i}_eef_pos", f"robot{i}_eef_rot_axis_angle"] for i in range(n_robots)]
+
+
+class DiffusionPolicy(nn.Module):
+    """Diffusion policy over action chunks.
+
+    Args:
+        config: network and representation settings (validated here).
+        features: the store's feature spec (key -> FeatureSpec or dict); checked against the config.
+        stats: normaliser key -> statistics dict (see :func:`policy_statistics`); may be omitted when
+            a state dict (a checkpoint) will be loaded right after, but then every forward raises
+            until statistics are present.
+    """
+
+    def __init__(
+        self,
+        config: DiffusionConfig,
+        features: Mapping[str, Any],
+        stats: Mapping[str, Mapping[str, np.ndarray]] | None = None,
+    ):
+        super().__init__()
+        config.validate()
+        self.config = config
+        self.features = {key: feature_to_dict(spec) for key, spec in features.items()}
+        check_keys(config, self.features)
+        self.action_dim = sum(_size(self.features[key]["shape"]) for key in config.action_keys)
+        self.relative = config.action_representation == "relative"
+        self.pose_keys: list[list[str]] = []
+        low_dim_shapes: dict[str, int] = {}
+        if self.relative:
+            n_robots = action_repr.n_robots_from_action_dim(self.action_dim)
+            self.pose_keys = [list(pair) for pair in (config.pose_keys or default_pose_keys(n_robots))]
+            if len(self.pose_keys) != n_robots:
+                raise ValueError(f"{len(self.pose_keys)} pose_keys given for {n_robots} robots in the action")
+            for pos_key, rot_key in self.pose_keys:
+                for key in (pos_key, rot_key):
+                    if key not in config.obs_offsets:
+                        raise KeyError(
+                            f"relative actions need the end-effector pose key {key!r} in obs_offsets "
+                            f"(observed: {sorted(config.obs_offsets)})"
+                        )
+                if config.relative_obs:
+                    low_dim_shapes[pos_key], low_dim_shapes[rot_key] = 3, 6
+        self.model_action_dim = (
+            action_repr.n_robots_from_action_dim(self.action_dim) * action_repr.RELATIVE_DIM_PER_ROBOT
+            if self.relative
+            else self.action_dim
+        )
+        self.obs_keys = list(config.obs_offsets)
+        self.low_dim_keys = [key for key in self.obs_keys if self.features[key]["kind"] == "low_dim"]
+        shapes: dict[str, list[int]] = {
+            key: [low_dim_shapes.get(key, _size(self.features[key]["shape"]))] for key in self.low_dim_keys
+        }
+        modes = {key: config.obs_norm_mode for key in self.low_dim_keys}
+        shapes[ACTION] = [self.model_action_dim]
+        modes[ACTION] = config.action_norm_mode
+        self.normalizer = Normalizer(shapes, modes, stats)
+        self.obs_encoder = ObservationEncoder(
+            self.features,
+            self.obs_keys,
+            {key: len(offsets) for key, offsets in config.obs_offsets.items()},
+            image=config.image,
+            low_dim=config.low_dim,
+            low_dim_shapes={key: shape[0] for key, shape in shapes.items() if key != ACTION},
+            activation_checkpointing=config.activation_checkpointing,
+        )
+        self.unet = ConditionalUnet1D(
+            self.model_action_dim,
+            self.obs_encoder.output_dim,
+            down_dims=config.down_dims,
+            kernel_size=config.kernel_size,
+            step_embed_dim=config.step_embed_dim,
+            n_groups=config.n_groups,
+            activation_checkpointing=config.activation_checkpointing,
+        )
+        self.noise_scheduler = make_scheduler(config)
+        self.num_inference_steps = config.num_inference_steps
+
+    # -- representation ----------------------------------------------------------------------------
+    def _current_index(self, key: str) -> int:
+        return self.config.obs_offsets[key].index(0)
+
+    def _reference_poses(self, obs: Mapping[str, torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
+        positions, rotations = [], []
+        for pos_key, rot_key in self.pose_keys:
+            positions.append(obs[pos_key][:, self._current_index(pos_key)].float())
+            rotations.append(obs[rot_key][:, self._current_index(rot_key)].float())
+        return torch.stack(positions, dim=1), torch.stack(rotations, dim=1)
+
+    def transform_obs(self, obs: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+        """Raw observation windows -> the (un-normalised) values the encoder sees."""
+        out = dict(obs)
+        if self.relative and self.config.relative_obs:
+            for pos_key, rot_key in self.pose_keys:
+                if self._current_index(pos_key) != self._current_index(rot_key):
+                    raise ValueError(f"{pos_key!r} and {rot_key!r} need the same observation offsets")
+                rel_pos, rel_rot6d = action_repr.relative_pose_history(
+                    obs[pos_key].float(), obs[rot_key].float(), self._current_index(pos_key)
+                )
+                out[pos_key], out[rot_key] = rel_pos, rel_rot6d
+        return out
+
+    def normalize_obs(self, obs: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+        transformed = self.transform_obs(obs)
+        out = {}
+        for key in self.obs_keys:
+            value = transformed[key]
+            if key in self.low_dim_keys:
+                value = self.normalizer.normalize(key, value.float().flatten(2))
+            out[key] = value
+        return out
+
+    def action_to_model(self, action: torch.Tensor, obs: Mapping[str, torch.Tensor]) -> torch.Tensor:
+        """Absolute actions (B, H, A) -> the normalised representation the U-Net denoises."""
+        action = action.float()
+        if self.relative:
+            action = action_repr.absolute_to_relative(action, *self._reference_poses(obs))
+        return self.normalizer.normalize(ACTION, action)
+
+    def action_from_model(self, model_action: torch.Tensor, obs: Mapping[str, torch.Tensor]) -> torch.Tensor:
+        action = self.normalizer.unnormalize(ACTION, model_action.float())
+        if self.relative:
+            action = action_repr.relative_to_absolute(action, *self._reference_poses(obs))
+        return action
+
+    # -- training ----------------------------------------------------------------------------------
+    def encode(self, obs: Mapping[str, torch.Tensor]) -> torch.Tensor:
+        return self.obs_encoder(self.normalize_obs(obs))
+
+    def compute_loss(
+        self, batch: Mapping[str, Any], generator: torch.Generator | None = None
+    ) -> torch.Tensor:
+        """Denoising loss of a batch in the datasets sample format."""
+        obs = batch["obs"]
+        target_action = self.action_to_model(batch["action"], obs)
+        cond = self.encode(obs)
+        batch_size = target_action.shape[0]
+        device = target_action.device
+        noise = torch.randn(target_action.shape, generator=generator, device=device)
+        timesteps = torch.randint(
+            0,
+            self.noise_scheduler.config.num_train_timesteps,
+            (batch_size,),
+            generator=generator,
+            device=device,
+        )
+        noisy = self.noise_scheduler.add_noise(target_action, noise, timesteps)
+        prediction = self.unet(noisy, timesteps, cond).float()
+        prediction_type = self.noise_scheduler.config.prediction_type
+        if prediction_type == "epsilon":
+            target = noise
+        elif prediction_type == "sample":
+            target = target_action
+        else:
+            target = self.noise_scheduler.get_velocity(target_action, noise, timesteps)
+        loss = F.mse_loss(prediction, target, reduction="none")
+        if self.config.mask_padding_loss and "action_is_pad" in batch:
+            valid = (~batch["action_is_pad"].bool()).unsqueeze(-1).float()
+            return (loss * valid).sum() / (valid.sum() * loss.shape[-1]).clamp_min(1.0)
+        return loss.mean()
+
+    # -- inference ---------------------------------------------------------------------------------
+    @torch.no_grad()
+    def predict_action(
+        self,
+        obs: Mapping[str, torch.Tensor],
+        num_inference_steps: int | None = None,
+        generator: torch.Generator | None = None,
+    ) -> torch.Tensor:
+        """Observation windows (B, T, ...) -> absolute action chunks (B, horizon, action_dim)."""
+        cond = self.encode(obs)
+        batch_size = cond.shape[0]
+        scheduler = make_scheduler(self.config)  # a fresh one: set_timesteps mutates scheduler state
+        scheduler.set_timesteps(num_inference_steps or self.num_inference_steps, device=cond.device)
+        sample = torch.randn(
+            (batch_size, self.config.horizon, self.model_action_dim), generator=generator, device=cond.device
+        )
+        for step in scheduler.timesteps:
+            model_output = self.unet(sample, step.to(cond.device), cond).float()
+            sample = scheduler.step(model_output, step, sample, generator=generator).prev_sample
+        return self.action_from_model(sample, obs)
+
+
+def _size(shape: Sequence[int]) -> int:
+    size = 1
+    for dim in shape:
+        size *= int(dim)
+    return size
+
+
+def check_keys(config: DiffusionConfig, features: Mapping[str, Any]) -> None:
+    """Raise KeyError naming the keys of the config that the store lacks (before building anything)."""
+    features = {key: feature_to_dict(spec) for key, spec in features.items()}
+    missing_obs = [key for key in config.obs_offsets if key not in features]
+    missing_action = [key for key in config.action_keys if key not in features]
+    if missing_obs or missing_action:
+        raise KeyError(
+            f"the store lacks keys named by the policy config: observations {missing_obs}, actions "
+            f"{missing_action} (store features: {sorted(features)})"
+        )
+    for key in config.action_keys:
+        if features[key]["kind"] != "low_dim":
+            raise ValueError(
+                f"action key {key!r} has kind {features[key]['kind']!r}; actions must be low_dim"
+            )
+
+
+# -- statistics -------------------------------------------------------------------------------------
+def policy_statistics(
+    store: Any, config: DiffusionConfig, episodes: Sequence[int] | None = None, seed: int = 0
+) -> dict[str, dict[str, np.ndarray]]:
+    """Normaliser statistics of a policy from a store.
+
+    Absolute quantities use ``store.stats(key)`` (action statistics are the per-key statistics
+    concatenated). Relative actions and relative pose histories are computed here from up to
+    ``config.relative_stats_max_frames`` frames of ``episodes`` (all episodes by default): relative
+    positions and grippers get their measured min/max/mean/std, 6-D rotations the fixed range [-1, 1].
+    """
+    features = {key: feature_to_dict(spec) for key, spec in store.features.items()}
+    check_keys(config, features)
+    stats: dict[str, dict[str, np.ndarray]] = {}
+    for key in config.obs_offsets:
+        if features[key]["kind"] == "low_dim":
+            stats[key] = _float_stats(store.stats(key))
+    per_key = [_float_stats(store.stats(key)) for key in config.action_keys]
+    stats[ACTION] = {
+        name: np.concatenate([s[name].reshape(-1) for s in per_key]) for name in ("min", "max", "mean", "std")
+    }
+    if config.action_representation != "relative":
+        return stats
+
+    action_dim = sum(_size(features[key]["shape"]) for key in config.action_keys)
+    n_robots = action_repr.n_robots_from_action_dim(action_dim)
+    pose_keys = config.pose_keys or default_pose_keys(n_robots)
+    ends = np.asarray(store.episode_ends, dtype=np.int64)
+    starts = np.concatenate([[0], ends[:-1]])
+    chosen = np.arange(len(ends)) if episodes is None else np.asarray(list(episodes), dtype=np.int64)
+    frames = np.concatenate([np.arange(starts[i], ends[i]) for i in chosen])
+    rng = np.random.default_rng(seed)
+    if len(frames) > config.relative_stats_max_frames:
+        frames = np.sort(rng.choice(frames, config.relative_stats_max_frames, replace=False))
+    episode_of = np.searchsorted(ends, frames, side="right")
+    first, last = starts[episode_of], ends[episode_of] - 1
+    n_frames = int(ends[-1])
+    arrays = {
+        key: np.asarray(store.read(key, 0, n_frames), dtype=np.float32)
+        for key in {k for pair in pose_keys for k in pair}
+    }
+    action = np.concatenate(
+        [
+            np.asarray(store.read(key, 0, n_frames), dtype=np.float32).reshape(n_frames, -1)
+            for key in config.action_keys
+        ],
+        axis=1,
+    )
+    chunk_index = np.clip(frames[:, None] + np.arange(config.horizon)[None], first[:, None], last[:, None])
+    ref_pos = torch.from_numpy(np.stack([arrays[p][frames] for p, _ in pose_keys], axis=1))
+    ref_rot = torch.from_numpy(np.stack([arrays[r][frames] for _, r in pose_keys], axis=1))
+    relative = action_repr.absolute_to_relative(torch.from_numpy(action[chunk_index]), ref_pos, ref_rot)
+    rel = relative.reshape(-1, n_robots, action_repr.RELATIVE_DIM_PER_ROBOT)
+    action_stats = _tensor_stats(rel.reshape(-1, rel.shape[-1] * n_robots))
+    _fix_rot6d(action_stats, n_robots, action_repr.RELATIVE_DIM_PER_ROBOT, rot_start=3)
+    stats[ACTION] = action_stats
+    if config.relative_obs:
+        for pos_key, rot_key in pose_keys:
+            offsets = np.asarray(config.obs_offsets[pos_key])
+            window = np.clip(frames[:, None] + offsets[None], first[:, None], last[:, None])
+            rel_pos, rel_rot6d = action_repr.relative_pose_history(
+                torch.from_numpy(arrays[pos_key][window]),
+                torch.from_numpy(arrays[rot_key][window]),
+                list(offsets).index(0),
+            )
+            stats[pos_key] = _tensor_stats(rel_pos.reshape(-1, 3))
+            stats[rot_key] = {
+                "min": -np.ones(6, np.float32),
+                "max": np.ones(6, np.float32),
+                "mean": np.zeros(6, np.float32),
+                "std": np.ones(6, np.float32),
+            }
+    return stats
+
+
+def _float_stats(stats: Mapping[str, Any]) -> dict[str, np.ndarray]:
+    return {
+        name: np.asarray(stats[name], dtype=np.float32).reshape(-1) for name in ("min", "max", "mean", "std")
+    }
+
+
+def _tensor_stats(values: torch.Tensor) -> dict[str, np.ndarray]:
+    values = values.double()
+    return {
+        "min": values.amin(0).float().numpy(),
+        "max": values.amax(0).float().numpy(),
+        "mean": values.mean(0).float().numpy(),
+        "std": values.std(0).float().numpy(),
+    }
+
+
+def _fix_rot6d(stats: dict[str, np.ndarray], n_robots: int, per_robot: int, rot_start: int) -> None:
+    """6-D rotation entries are unit-vector components: normalise them with the fixed range [-1, 1]."""
+    for robot in range(n_robots):
+        part = slice(robot * per_robot + rot_start, robot * per_robot + rot_start + 6)
+        stats["min"][part], stats["max"][part] = -1.0, 1.0
+        stats["mean"][part], stats["std"][part] = 0.0, 1.0

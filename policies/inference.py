@@ -1,0 +1,156 @@
+"""Load a trained policy from its checkpoint alone and predict action chunks in absolute units."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+from typing import Any
+
+import numpy as np
+import torch
+from demoscale.policies.config_utils import from_plain
+from demoscale.policies.lightning_module import CHECKPOINT_KEY
+
+SUPPORTED_FAMILIES = ("diffusion", "wbvima")
+
+
+class Policy:
+    """A trained policy ready to act (EMA weights, eval mode).
+
+    Attributes:
+        obs_offsets: key -> frame offsets of the observation window the policy expects.
+        features: the store's feature spec (key -> dict with kind, shape, dtype, ...).
+        action_keys: store keys concatenated into the action vector.
+        horizon: actions per predicted chunk.
+        n_action_steps: how many actions of a chunk to execute before asking again.
+        family: the policy family of the checkpoint.
+    """
+
+    def __init__(
+        self, network: torch.nn.Module, meta: Mapping[str, Any], device: str, num_inference_steps: int | None
+    ):
+        self.network = network.to(device).eval()
+        self.device = torch.device(device)
+        self.family = meta["family"]
+        self.features = dict(meta["features"])
+        config = network.config
+        self.obs_offsets = {k: list(v) for k, v in config.obs_offsets.items()}
+        self.action_keys = list(config.action_keys)
+        self.horizon = int(config.horizon)
+        self.n_action_steps = int(config.n_action_steps)
+        self.num_inference_steps = num_inference_steps or int(config.num_inference_steps)
+        self.action_dim = int(network.action_dim)
+
+    def _to_tensors(self, obs_window: Mapping[str, np.ndarray], batched: bool) -> dict[str, torch.Tensor]:
+        obs = {}
+        for key, offsets in self.obs_offsets.items():
+            if key not in obs_window:
+                raise KeyError(
+                    f"observation window lacks key {key!r} (the policy observes {sorted(self.obs_offsets)})"
+                )
+            value = np.asarray(obs_window[key])
+            if not batched:
+                value = value[None]
+            spec = self.features[key]
+            expected = (len(offsets), *spec["shape"])
+            if tuple(value.shape[1:]) != expected:
+                raise ValueError(
+                    f"observation {key!r} has shape {tuple(value.shape[1:])} per window, expected {expected} "
+                    f"(offsets {offsets})"
+                )
+            dtype = torch.uint8 if spec["kind"] == "image" else torch.float32
+            obs[key] = torch.as_tensor(value).to(self.device, dtype)
+        return obs
+
+    def predict_action_batch(
+        self, obs_windows: Mapping[str, np.ndarray], seed: int | None = None
+    ) -> np.ndarray:
+        """Batched windows (key -> (B, n_offsets, *shape)) -> (B, horizon, action_dim) absolute actions."""
+        obs = self._to_tensors(obs_windows, batched=True)
+        generator = None
+        if seed is not None:
+            generator = torch.Generator(self.device).manual_seed(seed)
+        actions = self.network.predict_action(obs, self.num_inference_steps, generator=generator)
+        return actions.float().cpu().numpy()
+
+    def predict_action(self, obs_window: Mapping[str, np.ndarray], seed: int | None = None) -> np.ndarray:
+        """One window (key -> (n_offsets, *shape), images uint8 HWC) -> (horizon, action_dim)."""
+        obs = {k: np.asarray(v)[None] for k, v in obs_window.items() if k in self.obs_offsets}
+        missing = [k for k in self.obs_offsets if k not in obs]
+        if missing:
+            raise KeyError(
+                f"observation window lacks keys {missing} (the policy observes {sorted(self.obs_offsets)})"
+            )
+        return self.predict_action_batch(obs, seed=seed)[0]
+
+
+class TemporalEnsembler:
+    """Average the overlapping predictions of successive chunks for the current step.
+
+    Call :meth:`add` with each new chunk (horizon, action_dim) predicted at control step ``step``;
+    :meth:`action` returns the weighted mean of every stored prediction for ``step``, with weights
+    ``exp(-decay * age)`` (age 0 = the newest chunk; ``decay=0`` = plain mean). Predictions for past
+    steps are dropped.
+    """
+
+    def __init__(self, decay: float = 0.0):
+        self.decay = decay
+        self._chunks: list[tuple[int, np.ndarray]] = []
+
+    def reset(self) -> None:
+        self._chunks = []
+
+    def add(self, step: int, chunk: np.ndarray) -> None:
+        self._chunks.append((int(step), np.asarray(chunk)))
+
+    def action(self, step: int) -> np.ndarray:
+        self._chunks = [(s, c) for s, c in self._chunks if s + len(c) > step]
+        if not self._chunks:
+            raise ValueError(f"no stored chunk covers step {step}")
+        values, weights = [], []
+        for age, (start, chunk) in enumerate(reversed(self._chunks)):
+            if start <= step:
+                values.append(chunk[step - start])
+                weights.append(np.exp(-self.decay * age))
+        if not values:
+            raise ValueError(f"no stored chunk covers step {step}")
+        weights_arr = np.asarray(weights)[:, None]
+        return (np.stack(values) * weights_arr).sum(0) / weights_arr.sum()
+
+
+def load_policy(
+    checkpoint_path: str | os.PathLike[str], device: str = "cpu", num_inference_steps: int | None = None
+) -> Policy:
+    """Rebuild a policy from a checkpoint alone (feature spec and statistics travel inside it).
+
+    Raises ValueError for a checkpoint that is not a demoscale policy, or of a family this loader does
+    not know. Uses the EMA weights when the run kept them.
+    """
+    path = os.fspath(checkpoint_path)
+    if not os.path.exists(path):
+        raise FileNotFoundError(f"checkpoint {path} does not exist")
+    checkpoint = torch.load(path, map_location="cpu", weights_only=False)
+    meta = checkpoint.get(CHECKPOINT_KEY) if isinstance(checkpoint, dict) else None
+    if meta is None:
+        raise ValueError(f"{path} is not a demoscale policy checkpoint (no '{CHECKPOINT_KEY}' metadata)")
+    family = meta.get("family")
+    if family not in SUPPORTED_FAMILIES:
+        raise ValueError(
+            f"{path} holds a policy of family {family!r}; load_policy handles {list(SUPPORTED_FAMILIES)}"
+        )
+    if family == "wbvima":
+        from demoscale.policies.wbvima import WBVIMAConfig, WBVIMAPolicy
+
+        network = WBVIMAPolicy(from_plain(WBVIMAConfig, meta["policy_config"]), meta["features"])
+    else:
+        from demoscale.policies.diffusion.config import DiffusionConfig
+        from demoscale.policies.diffusion.model import DiffusionPolicy
+
+        config = from_plain(DiffusionConfig, meta["policy_config"])
+        network = DiffusionPolicy(config, meta["features"])
+    prefix = "ema.averaged." if meta.get("ema") else "policy."
+    state = {k[len(prefix) :]: v for k, v in checkpoint["state_dict"].items() if k.startswith(prefix)}
+    if not state:
+        raise ValueError(f"{path} has no weights under {prefix!r}")
+    network.load_state_dict(state, strict=True)
+    return Policy(network, meta, device, num_inference_steps)

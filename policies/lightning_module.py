@@ -1,0 +1,353 @@
+"""A thin Lightning layer over the policy networks.
+
+:class:`PolicyModule` holds what every policy family shares: building the network from the
+DataModule's store (feature spec + normalisation statistics) in ``setup``, AdamW with an encoder
+learning-rate multiplier and a warm-up + cosine schedule, an EMA of the weights (used for validation
+and inference), per-step random seeds (so a resumed run draws the same noise), optional
+``torch.compile`` and FSDP2 sharding, and checkpoint metadata that lets
+:func:`demoscale.policies.load_policy` rebuild the policy without a store.
+
+A new family subclasses it, sets ``family`` and implements ``build_policy`` / ``policy_statistics``;
+the network must expose ``compute_loss(batch)`` and ``predict_action(obs)``.
+:class:`DiffusionPolicyModule` is the diffusion-policy family.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+from collections.abc import Iterator, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import lightning as L
+import numpy as np
+import torch
+from demoscale.policies.config_utils import to_plain
+from demoscale.policies.diffusion.config import DiffusionConfig
+from demoscale.policies.diffusion.model import DiffusionPolicy, check_keys, policy_statistics
+from demoscale.policies.ema import EMA
+from demoscale.policies.encoders import feature_to_dict
+from torch import nn
+
+CHECKPOINT_KEY = "demoscale"
+CHECKPOINT_FORMAT = 1
+
+
+@dataclass
+class OptimizerConfig:
+    """AdamW + linear warm-up + cosine decay (per optimizer step).
+
+    Attributes:
+        lr: peak learning rate of the denoiser / heads.
+        encoder_lr_multiplier: the image backbones train at ``lr * encoder_lr_multiplier`` (0.1 in
+            UMI for a fine-tuned ViT).
+        weight_decay, betas, eps: AdamW settings.
+        warmup_steps: linear warm-up length in optimizer steps.
+        schedule: ``cosine`` (to ``min_lr_ratio * lr`` at the last step) or ``constant``.
+        min_lr_ratio: final learning rate as a fraction of the peak.
+    """
+
+    lr: float = 3e-4
+    encoder_lr_multiplier: float = 0.1
+    weight_decay: float = 1e-6
+    betas: tuple[float, float] = (0.95, 0.999)
+    eps: float = 1e-8
+    warmup_steps: int = 500
+    schedule: str = "cosine"
+    min_lr_ratio: float = 0.0
+
+
+@dataclass
+class EMAConfig:
+    """EMA of the weights; ``enabled=False`` evaluates the raw weights."""
+
+    enabled: bool = True
+    max_decay: float = 0.9999
+    power: float = 0.75
+    update_after: int = 0
+
+
+class PolicyModule(L.LightningModule):
+    """Shared training logic of every policy family (see the module docstring).
+
+    Args:
+        optimizer: optimizer and learning-rate schedule.
+        ema: EMA settings.
+        compile: ``torch.compile`` the network (in place; state-dict keys are unchanged).
+        seed: base of the per-step seeds (noise, diffusion steps, augmentation).
+        global_batch_size: samples per optimizer step over all devices; the CLI derives gradient
+            accumulation from it and the DataModule's micro-batch size. ``None`` = one micro-batch.
+    """
+
+    family: str = ""
+
+    def __init__(
+        self,
+        optimizer: OptimizerConfig | None = None,
+        ema: EMAConfig | None = None,
+        compile: bool = False,
+        seed: int = 0,
+        global_batch_size: int | None = None,
+    ):
+        super().__init__()
+        self.optimizer_config = optimizer or OptimizerConfig()
+        self.ema_config = ema or EMAConfig()
+        self.compile_policy = compile
+        self.seed = seed
+        self.global_batch_size = global_batch_size
+        self.policy: nn.Module | None = None
+        self.ema: EMA | None = None
+        self.features: dict[str, dict[str, Any]] | None = None
+        self.stats: dict[str, dict[str, np.ndarray]] | None = None
+        self._sharded = False
+
+    # -- to implement per family -------------------------------------------------------------------
+    def build_policy(self, features: Mapping[str, Any], stats: Mapping[str, Any] | None) -> nn.Module:
+        raise NotImplementedError
+
+    def policy_statistics(
+        self, store: Any, episodes: Sequence[int] | None
+    ) -> dict[str, dict[str, np.ndarray]]:
+        raise NotImplementedError
+
+    def check_features(self, features: Mapping[str, Any]) -> None:
+        """Raise before training when the store lacks what the config names."""
+
+    def policy_config_dict(self) -> dict[str, Any]:
+        raise NotImplementedError
+
+    def data_window(self) -> dict[str, Any] | None:
+        """``{"obs_offsets", "action_keys", "horizon"}`` the DataModule should serve (None: its own)."""
+        return None
+
+    # -- building ----------------------------------------------------------------------------------
+    def setup(self, stage: str) -> None:
+        if self.policy is not None:
+            return
+        datamodule = getattr(self.trainer, "datamodule", None) if self._trainer is not None else None
+        if datamodule is None:
+            raise RuntimeError(f"{type(self).__name__} needs a DataModule with a store to build its network")
+        if hasattr(datamodule, "setup") and getattr(datamodule, "store", None) is None:
+            datamodule.setup(stage)
+        store = datamodule.store
+        features = {key: feature_to_dict(spec) for key, spec in store.features.items()}
+        self.check_features(features)
+        episodes = getattr(datamodule, "train_episodes", None)
+        window = self.data_window()
+        if window is not None and episodes is not None:
+            lengths = np.asarray(store.episode_ends)[episodes] - np.asarray(store.episode_starts)[episodes]
+            if window["horizon"] > int(lengths.max()):
+                raise ValueError(
+                    f"horizon {window['horizon']} is longer than every training episode of "
+                    f"{getattr(datamodule, 'store_location', 'the store')} (longest: {int(lengths.max())} frames)"
+                )
+        self.build(features, self.policy_statistics(store, episodes))
+
+    def build(self, features: Mapping[str, Any], stats: Mapping[str, Any] | None) -> None:
+        """Create the network (and its EMA copy) from a feature spec and statistics."""
+        self.features = {key: feature_to_dict(spec) for key, spec in features.items()}
+        self.stats = (
+            {
+                key: {name: np.asarray(v, dtype=np.float32) for name, v in s.items()}
+                for key, s in stats.items()
+            }
+            if stats is not None
+            else None
+        )
+        self.policy = self.build_policy(self.features, self.stats)
+        if self.ema_config.enabled:
+            self.ema = EMA(
+                self.policy,
+                max_decay=self.ema_config.max_decay,
+                power=self.ema_config.power,
+                update_after=self.ema_config.update_after,
+            )
+        if self.compile_policy:
+            self.policy.compile()
+
+    def configure_model(self) -> None:
+        """FSDP2: shard the network when the strategy provides a device mesh (ModelParallelStrategy)."""
+        if self.policy is None or self._sharded or self._trainer is None:
+            return
+        mesh = getattr(self, "device_mesh", None)
+        if mesh is None:
+            return
+        from torch.distributed.fsdp import fully_shard
+
+        # Shard each large child first (so their all-gathers overlap), then the root.
+        for child in self.policy.children():
+            if sum(p.numel() for p in child.parameters()) > 1_000_000:
+                fully_shard(child, mesh=mesh)
+        fully_shard(self.policy, mesh=mesh)
+        self._sharded = True
+
+    @property
+    def inference_policy(self) -> nn.Module:
+        """The weights used for evaluation: the EMA copy when enabled."""
+        if self.policy is None:
+            raise RuntimeError("the policy network has not been built yet")
+        return self.ema.averaged if self.ema is not None else self.policy
+
+    # -- per-step randomness -----------------------------------------------------------------------
+    def _step_seed(self, batch_idx: int, stage: str) -> int:
+        rank = self.global_rank if self._trainer is not None else 0
+        epoch = self.current_epoch if self._trainer is not None else 0
+        stage_id = {"train": 0, "val": 1}[stage]
+        return int(np.random.SeedSequence([self.seed, stage_id, epoch, batch_idx, rank]).generate_state(1)[0])
+
+    @contextlib.contextmanager
+    def _seeded(self, batch_idx: int, stage: str) -> Iterator[None]:
+        # Noise, diffusion steps and augmentation are a function of (seed, epoch, batch, rank), so a
+        # resumed run draws exactly what an uninterrupted one would.
+        devices = [self.device.index or 0] if self.device.type == "cuda" else []
+        with torch.random.fork_rng(devices=devices):
+            torch.manual_seed(self._step_seed(batch_idx, stage))
+            yield
+
+    # -- loops -------------------------------------------------------------------------------------
+    def training_step(self, batch: Mapping[str, Any], batch_idx: int) -> torch.Tensor:
+        with self._seeded(batch_idx, "train"):
+            loss = self.policy.compute_loss(batch)
+        self.log("train/loss", loss, prog_bar=True, batch_size=_batch_size(batch))
+        return loss
+
+    def on_train_batch_end(self, outputs: Any, batch: Any, batch_idx: int) -> None:
+        if self.ema is None:
+            return
+        # With gradient accumulation the weights change only on optimizer steps.
+        if self.trainer.global_step > int(self.ema.n_updates):
+            self.ema.update(self.policy)
+            self.log(
+                "train/ema_decay", self.ema.decay(int(self.ema.n_updates)), batch_size=_batch_size(batch)
+            )
+
+    def validation_step(self, batch: Mapping[str, Any], batch_idx: int) -> torch.Tensor:
+        with self._seeded(batch_idx, "val"):
+            loss = self.inference_policy.compute_loss(batch)
+        self.log("val/loss", loss, prog_bar=True, sync_dist=True, batch_size=_batch_size(batch))
+        return loss
+
+    def configure_optimizers(self) -> dict[str, Any]:
+        config = self.optimizer_config
+        encoder_params = {id(p) for p in self.encoder_parameters()}
+        groups = [
+            {"params": [p for p in self.policy.parameters() if id(p) not in encoder_params], "lr": config.lr},
+        ]
+        if encoder_params:
+            groups.append(
+                {
+                    "params": [p for p in self.policy.parameters() if id(p) in encoder_params],
+                    "lr": config.lr * config.encoder_lr_multiplier,
+                }
+            )
+        optimizer = torch.optim.AdamW(
+            groups, lr=config.lr, betas=tuple(config.betas), eps=config.eps, weight_decay=config.weight_decay
+        )
+        total = max(1, int(self.trainer.estimated_stepping_batches))
+        warmup, min_ratio, cosine = config.warmup_steps, config.min_lr_ratio, config.schedule == "cosine"
+        if config.schedule not in ("cosine", "constant"):
+            raise ValueError(f"optimizer.schedule must be 'cosine' or 'constant', got {config.schedule!r}")
+
+        def lr_factor(step: int) -> float:
+            if step < warmup:
+                return (step + 1) / warmup
+            if not cosine:
+                return 1.0
+            progress = min(1.0, (step - warmup) / max(1, total - warmup))
+            return min_ratio + (1.0 - min_ratio) * 0.5 * (1.0 + math.cos(math.pi * progress))
+
+        scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lr_factor)
+        return {"optimizer": optimizer, "lr_scheduler": {"scheduler": scheduler, "interval": "step"}}
+
+    def encoder_parameters(self) -> list[nn.Parameter]:
+        encoder = getattr(self.policy, "obs_encoder", None)
+        return (
+            encoder.image_parameters() if encoder is not None and hasattr(encoder, "image_parameters") else []
+        )
+
+    # -- checkpoints -------------------------------------------------------------------------------
+    def on_save_checkpoint(self, checkpoint: dict[str, Any]) -> None:
+        checkpoint[CHECKPOINT_KEY] = {
+            "format": CHECKPOINT_FORMAT,
+            "family": self.family,
+            "module_class": f"{type(self).__module__}.{type(self).__qualname__}",
+            "policy_config": self.policy_config_dict(),
+            "features": self.features,
+            "stats": {
+                k: {n: np.asarray(v).tolist() for n, v in s.items()} for k, s in (self.stats or {}).items()
+            },
+            "ema": self.ema is not None,
+        }
+
+    def on_load_checkpoint(self, checkpoint: dict[str, Any]) -> None:
+        meta = checkpoint.get(CHECKPOINT_KEY)
+        if meta is None:
+            raise ValueError("not a demoscale policy checkpoint (no 'demoscale' metadata)")
+        if meta["family"] != self.family:
+            raise ValueError(
+                f"checkpoint holds a {meta['family']!r} policy, but this is a {self.family!r} module"
+            )
+        if self.policy is None:  # load_from_checkpoint: no DataModule, build from the checkpoint
+            self.build(meta["features"], meta["stats"])
+
+
+class DiffusionPolicyModule(PolicyModule):
+    """Diffusion policy (UMI / Diffusion Policy style) trained with Lightning.
+
+    Args:
+        policy: the network and representation settings (:class:`DiffusionConfig`).
+        optimizer, ema, compile, seed, global_batch_size: see :class:`PolicyModule`.
+    """
+
+    family = "diffusion"
+
+    def __init__(
+        self,
+        policy: DiffusionConfig | None = None,
+        optimizer: OptimizerConfig | None = None,
+        ema: EMAConfig | None = None,
+        compile: bool = False,
+        seed: int = 0,
+        global_batch_size: int | None = None,
+    ):
+        super().__init__(
+            optimizer=optimizer, ema=ema, compile=compile, seed=seed, global_batch_size=global_batch_size
+        )
+        self.policy_config = policy or DiffusionConfig()
+        self.policy_config.validate()
+        self.save_hyperparameters(
+            {
+                "policy": to_plain(self.policy_config),
+                "optimizer": to_plain(self.optimizer_config),
+                "ema": to_plain(self.ema_config),
+                "compile": compile,
+                "seed": seed,
+                "global_batch_size": global_batch_size,
+            }
+        )
+
+    def check_features(self, features: Mapping[str, Any]) -> None:
+        check_keys(self.policy_config, features)
+
+    def build_policy(self, features: Mapping[str, Any], stats: Mapping[str, Any] | None) -> nn.Module:
+        return DiffusionPolicy(self.policy_config, features, stats)
+
+    def policy_statistics(
+        self, store: Any, episodes: Sequence[int] | None
+    ) -> dict[str, dict[str, np.ndarray]]:
+        return policy_statistics(store, self.policy_config, episodes, seed=self.seed)
+
+    def policy_config_dict(self) -> dict[str, Any]:
+        return to_plain(self.policy_config)
+
+    def data_window(self) -> dict[str, Any]:
+        return {
+            "obs_offsets": {k: list(v) for k, v in self.policy_config.obs_offsets.items()},
+            "action_keys": list(self.policy_config.action_keys),
+            "horizon": self.policy_config.horizon,
+        }
+
+
+def _batch_size(batch: Mapping[str, Any]) -> int:
+    return int(batch["action"].shape[0])
