@@ -1,0 +1,123 @@
+"""Bootstrap replicates of trial scores: resampling rollouts within trials, trials within design points.
+
+A score from 40 rollouts is itself uncertain, and so is the training seed behind a trial. The
+replicates built here are a matrix ``(n_bootstrap, n_trials)`` of scores; every law is refitted on
+each row, so intervals carry both sources of noise. Modes:
+
+- ``"rollouts"``: each trial keeps its place; its score is recomputed from a resample (with
+  replacement, same size) of its own rollouts. Without a rollouts table, a trial with a known
+  ``n_rollouts`` gets a parametric draw ``Binomial(n, score) / n`` instead.
+- ``"trials"``: trials are resampled with replacement within each design point (the same axis
+  values), so the design is kept and no replicate loses an axis value.
+- ``"both"``: trials within design points, then rollouts within each drawn trial (two-stage).
+- ``"residuals"``: for tables with one trial per design point and no rollout information; the
+  fit's log-scale residuals are resampled and added to the fitted values (done by the fit).
+- ``"auto"``: ``"both"`` when rollout information exists, else ``"trials"`` when some design point
+  has several trials, else ``"residuals"``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import pandas as pd
+from demoscale.scaling.names import BOOTSTRAP_MODES
+
+
+@dataclass(frozen=True, eq=False)
+class Resamples:
+    """Bootstrap replicates of the trial scores (``scores`` is None for the residual mode)."""
+
+    scores: np.ndarray | None
+    mode: str
+    description: str
+
+
+def resolve_mode(mode: str, has_rollout_info: bool, has_repeats: bool) -> str:
+    """Turn ``"auto"`` into a concrete mode; reject unknown names."""
+    if mode not in BOOTSTRAP_MODES:
+        raise ValueError(f"bootstrap mode {mode!r} unknown; choose one of {BOOTSTRAP_MODES}")
+    if mode != "auto":
+        return mode
+    if has_rollout_info:
+        return "both"
+    return "trials" if has_repeats else "residuals"
+
+
+def _rollout_means(
+    rng: np.random.Generator,
+    n_bootstrap: int,
+    trial_index: int,
+    scores: np.ndarray,
+    rollout_scores: dict[int, np.ndarray],
+    n_rollouts: np.ndarray | None,
+) -> np.ndarray:
+    """``n_bootstrap`` rollout-resampled scores of one trial (its score repeated if nothing is known)."""
+    outcomes = rollout_scores.get(trial_index)
+    if outcomes is not None and len(outcomes):
+        draws = rng.integers(0, len(outcomes), size=(n_bootstrap, len(outcomes)))
+        return outcomes[draws].mean(axis=1)
+    if n_rollouts is not None and np.isfinite(n_rollouts[trial_index]):
+        n = int(n_rollouts[trial_index])
+        return rng.binomial(n, scores[trial_index], size=n_bootstrap) / n
+    return np.full(n_bootstrap, scores[trial_index])
+
+
+def resample_scores(
+    scores: np.ndarray,
+    strata: np.ndarray,
+    mode: str,
+    n_bootstrap: int,
+    seed: int,
+    rollouts: pd.DataFrame | None = None,
+    trial_ids: np.ndarray | None = None,
+    n_rollouts: np.ndarray | None = None,
+) -> Resamples:
+    """Replicate trial scores; ``strata`` labels each trial's design point (trials share a stratum
+    when all their axis values are equal). ``mode`` must already be resolved (not ``"auto"``)."""
+    scores = np.asarray(scores, dtype=float)
+    if mode == "residuals":
+        return Resamples(
+            None, mode, "log-scale residuals of the fit resampled (one trial per point, no rollouts)"
+        )
+    rng = np.random.default_rng(seed)
+    n_trials = len(scores)
+    rollout_scores: dict[int, np.ndarray] = {}
+    if rollouts is not None and trial_ids is not None:
+        position = {tid: i for i, tid in enumerate(trial_ids)}
+        for tid, group in rollouts.groupby("trial_id", sort=False):
+            if tid in position:
+                rollout_scores[position[tid]] = group["score"].to_numpy(dtype=float)
+
+    if mode == "rollouts":
+        out = np.empty((n_bootstrap, n_trials))
+        for i in range(n_trials):
+            out[:, i] = _rollout_means(rng, n_bootstrap, i, scores, rollout_scores, n_rollouts)
+        source = "rollout tables" if rollout_scores else "binomial draws from n_rollouts"
+        return Resamples(out, mode, f"rollouts resampled within each trial ({source})")
+
+    out = np.empty((n_bootstrap, n_trials))
+    for stratum in np.unique(strata):
+        members = np.flatnonzero(strata == stratum)
+        picks = rng.integers(0, len(members), size=(n_bootstrap, len(members)))
+        if mode == "trials":
+            out[:, members] = scores[members][picks]
+            continue
+        if mode != "both":
+            raise ValueError(f"bootstrap mode {mode!r} unknown")
+        # Two-stage: every slot gets its own rollout resample of whichever trial it drew.
+        for slot, target in enumerate(members):
+            column = np.empty(n_bootstrap)
+            for choice, source_trial in enumerate(members):
+                chosen = picks[:, slot] == choice
+                if chosen.any():
+                    column[chosen] = _rollout_means(
+                        rng, n_bootstrap, source_trial, scores, rollout_scores, n_rollouts
+                    )[chosen]
+            out[:, target] = column
+    description = {
+        "trials": "trials resampled within each design point",
+        "both": "trials resampled within each design point, then rollouts within each drawn trial",
+    }[mode]
+    return Resamples(out, mode, description)

@@ -1,0 +1,205 @@
+"""``demoscale laws``: fit, compare and plot scaling laws; recommend a data-collection budget.
+
+A thin shell over :func:`fit_law`, :func:`compare_laws`, :func:`plot_laws` and
+:func:`recommend_budget`. Importing this module never imports torch (matplotlib loads only for
+``plot``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+
+from demoscale.scaling.names import AXES, BOOTSTRAP_MODES, METHODS
+
+
+def _common(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("results", help="results table (.csv or .parquet), one row per trial")
+    parser.add_argument(
+        "--rollouts",
+        default=None,
+        help="per-rollout table (default: rollouts.csv|parquet next to RESULTS, if any)",
+    )
+    parser.add_argument("--n-bootstrap", type=int, default=1000, help="bootstrap replicates (default 1000)")
+    parser.add_argument("--seed", type=int, default=0, help="bootstrap seed (default 0)")
+
+
+def _fit_options(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--axis", default="n_envs", choices=AXES, help="x axis of the law (default n_envs)")
+    parser.add_argument(
+        "--interval-confidence",
+        "--level",
+        dest="level",
+        type=float,
+        default=0.9,
+        help="level of the confidence intervals (default 0.9)",
+    )
+    parser.add_argument(
+        "--bootstrap",
+        default="auto",
+        choices=BOOTSTRAP_MODES,
+        help="what the bootstrap resamples (default auto: trials and rollouts when known)",
+    )
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="demoscale laws",
+        description="Fit data-scaling laws of 1 - score, plot them, and recommend what data to collect.",
+    )
+    sub = parser.add_subparsers(dest="action", required=True, metavar="{fit,compare,plot,recommend}")
+
+    fit = sub.add_parser("fit", help="fit one law and print its summary")
+    _common(fit)
+    _fit_options(fit)
+    fit.add_argument(
+        "--method", default="loglog", choices=METHODS, help="law form (default loglog, the study's)"
+    )
+    fit.add_argument(
+        "--predict",
+        type=float,
+        nargs="*",
+        default=None,
+        metavar="X",
+        help="also predict the score at these axis values",
+    )
+    fit.add_argument("--json", action="store_true", help="print JSON instead of the summary")
+
+    compare = sub.add_parser(
+        "compare", help="fit every applicable form; AIC and leave-one-out error side by side"
+    )
+    _common(compare)
+    _fit_options(compare)
+    compare.add_argument("--json", action="store_true", help="print JSON instead of the table")
+
+    plot = sub.add_parser("plot", help="log-log panels per axis, PNG and SVG")
+    _common(plot)
+    plot.add_argument("--out", required=True, help="output folder")
+    plot.add_argument(
+        "--axes", nargs="*", default=None, choices=AXES, help="panels (default: every axis that varies)"
+    )
+    plot.add_argument(
+        "--methods", nargs="*", default=["loglog", "saturating"], choices=["loglog", "saturating"]
+    )
+    plot.add_argument("--interval-confidence", "--level", dest="level", type=float, default=0.9)
+    plot.add_argument(
+        "--extrapolate", type=float, default=4.0, help="shade up to this factor beyond the data"
+    )
+
+    recommend = sub.add_parser("recommend", help="cheapest collection plan reaching a target score")
+    _common(recommend)
+    recommend.add_argument("--target", type=float, default=0.9, help="target score on unseen environments")
+    recommend.add_argument("--cost-env", type=float, default=1.0, help="cost of one new environment")
+    recommend.add_argument("--cost-object", type=float, default=0.0, help="cost of one new object")
+    recommend.add_argument("--cost-demo", type=float, default=0.0, help="cost of one demonstration")
+    recommend.add_argument(
+        "--confidence",
+        type=float,
+        default=0.8,
+        help="required probability of reaching the target (default 0.8)",
+    )
+    recommend.add_argument(
+        "--axis", default=None, choices=["n_envs", "n_pairs"], help="law axis (default auto)"
+    )
+    recommend.add_argument("--method", default=None, choices=METHODS, help="law form (default auto)")
+    recommend.add_argument("--max-envs", type=int, default=4096)
+    recommend.add_argument("--max-demos-per-pair", type=int, default=1000)
+    recommend.add_argument(
+        "--max-extrapolation",
+        type=float,
+        default=4.0,
+        help="refuse plans beyond this factor of the largest tested value (default 4)",
+    )
+    recommend.add_argument("--json", action="store_true", help="print JSON instead of the summary")
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv if argv is not None else sys.argv[1:])
+    from demoscale.scaling.fits import _json_safe
+    from demoscale.scaling.table import ResultsError, load_results
+
+    try:
+        results = load_results(args.results, rollouts=args.rollouts)
+        if args.action == "fit":
+            from demoscale.scaling.fits import fit_law
+
+            fit = fit_law(
+                results,
+                axis=args.axis,
+                method=args.method,
+                n_bootstrap=args.n_bootstrap,
+                confidence=args.level,
+                seed=args.seed,
+                bootstrap=args.bootstrap,
+            )
+            prediction = fit.predict(args.predict) if args.predict else None
+            if args.json:
+                payload = fit.to_dict()
+                if prediction is not None:
+                    payload["prediction"] = prediction.to_dict()
+                print(json.dumps(payload, indent=2))
+            else:
+                print(fit.summary())
+                if prediction is not None:
+                    print(f"Predicted score ({args.level:.0%} bootstrap interval):")
+                    print(prediction.to_frame().to_string(index=False, float_format=lambda v: f"{v:.4g}"))
+        elif args.action == "compare":
+            from demoscale.scaling.fits import compare_laws
+
+            table = compare_laws(
+                results,
+                axis=args.axis,
+                n_bootstrap=args.n_bootstrap,
+                confidence=args.level,
+                seed=args.seed,
+                bootstrap=args.bootstrap,
+            )
+            if args.json:
+                print(json.dumps(_json_safe(table.reset_index().to_dict("records")), indent=2))
+            else:
+                print(f"Law forms over {args.axis} (log-gap residuals; lower AIC and LOO error are better)")
+                print(table.to_string(float_format=lambda v: f"{v:.4g}"))
+        elif args.action == "plot":
+            from demoscale.scaling.plots import plot_laws
+
+            paths = plot_laws(
+                results,
+                args.out,
+                axes=args.axes,
+                methods=tuple(args.methods),
+                n_bootstrap=args.n_bootstrap,
+                confidence=args.level,
+                seed=args.seed,
+                extrapolate=args.extrapolate,
+            )
+            for path in paths:
+                print(path)
+        else:
+            from demoscale.scaling.budget import recommend_budget
+
+            recommendation = recommend_budget(
+                results,
+                target=args.target,
+                cost_env=args.cost_env,
+                cost_object=args.cost_object,
+                cost_demo=args.cost_demo,
+                confidence=args.confidence,
+                axis=args.axis,
+                method=args.method,
+                max_envs=args.max_envs,
+                max_demos_per_pair=args.max_demos_per_pair,
+                max_extrapolation=args.max_extrapolation,
+                n_bootstrap=args.n_bootstrap,
+                seed=args.seed,
+            )
+            print(json.dumps(recommendation.to_dict(), indent=2) if args.json else recommendation.summary())
+    except (ResultsError, ValueError) as error:
+        print(f"demoscale laws: error: {error}", file=sys.stderr)
+        return 2
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

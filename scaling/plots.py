@@ -1,0 +1,213 @@
+"""Log-log plots of the optimality gap against each data axis, with fitted laws and their bands."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import matplotlib
+
+matplotlib.use("Agg")  # files only, never a display
+
+import matplotlib.pyplot as plt  # noqa: E402
+import numpy as np  # noqa: E402
+import pandas as pd  # noqa: E402
+from demoscale.scaling.fits import LawFit, fit_law  # noqa: E402
+from demoscale.scaling.table import (  # noqa: E402
+    AXIS_LABELS,
+    ResultsError,
+    ResultsTable,
+    adjusted_gap,
+    as_results_table,
+)
+from matplotlib.ticker import FuncFormatter, LogLocator, NullFormatter  # noqa: E402
+from scipy.stats import norm  # noqa: E402
+
+PANEL_AXES: tuple[str, ...] = ("n_envs", "n_objects", "n_pairs", "demos_per_pair")
+METHOD_STYLE = {
+    "loglog": {"color": "#1f77b4", "linestyle": "-", "label": "log-log OLS"},
+    "saturating": {"color": "#d62728", "linestyle": "--", "label": "saturating"},
+}
+
+
+def wilson_interval(
+    successes: np.ndarray, trials: np.ndarray, confidence: float
+) -> tuple[np.ndarray, np.ndarray]:
+    """Wilson score interval for a proportion (successes may be fractional for staged scores)."""
+    z = float(norm.ppf((1 + confidence) / 2))
+    p = successes / trials
+    centre = (p + z**2 / (2 * trials)) / (1 + z**2 / trials)
+    half = z * np.sqrt(p * (1 - p) / trials + z**2 / (4 * trials**2)) / (1 + z**2 / trials)
+    return centre - half, centre + half
+
+
+def _points(fit: LawFit, confidence: float) -> pd.DataFrame:
+    """Mean score per axis value with an interval: Wilson on the pooled rollouts when counts are
+    known, else a normal interval over the trials (none for a single trial)."""
+    frame = pd.DataFrame({"x": fit.x, "score": fit.score})
+    frame["n"] = fit.n_rollouts if fit.n_rollouts is not None else np.nan
+    rows = []
+    for x, group in frame.groupby("x"):
+        mean = group["score"].mean()
+        if group["n"].notna().all():
+            total = group["n"].sum()
+            low, high = wilson_interval(np.array([mean * total]), np.array([total]), confidence)
+            low, high = float(low[0]), float(high[0])
+        elif len(group) > 1:
+            half = norm.ppf((1 + confidence) / 2) * group["score"].std(ddof=1) / np.sqrt(len(group))
+            low, high = mean - half, mean + half
+        else:
+            low = high = mean
+        rows.append(
+            {"x": x, "score": mean, "low": max(low, 0.0), "high": min(high, 1.0), "trials": len(group)}
+        )
+    points = pd.DataFrame(rows)
+    n_mean = None if fit.n_rollouts is None else np.nanmean(fit.n_rollouts)
+    points["gap"] = adjusted_gap(
+        points["score"].to_numpy(), None if n_mean is None else np.full(len(points), n_mean)
+    )[0]
+    return points
+
+
+def _draw_panel(ax: plt.Axes, axis: str, fits: list[LawFit], extrapolate: float, confidence: float) -> None:
+    reference = fits[0]
+    points = _points(reference, confidence)
+    x_min, x_max = float(points["x"].min()), float(points["x"].max())
+    grid = np.geomspace(x_min, x_max * extrapolate, 200)
+    ax.axvspan(x_max, x_max * extrapolate, color="0.92", zorder=0, label="extrapolation")
+    for fit in fits:
+        style = METHOD_STYLE.get(fit.method, {"color": "k", "linestyle": ":", "label": fit.method})
+        prediction = fit.predict(grid, interval="bootstrap", confidence=confidence)
+        gap_low, gap_high = 1 - prediction.high, 1 - prediction.low
+        label = f"{style['label']}: {fit.equation_text(2)}"
+        if fit.r is not None:
+            label += f" (r = {fit.r:.2f})"
+        ax.plot(
+            grid,
+            np.maximum(1 - prediction.score, 1e-4),
+            color=style["color"],
+            linestyle=style["linestyle"],
+            linewidth=2,
+            label=label,
+        )
+        ax.fill_between(
+            grid,
+            np.maximum(gap_low, 1e-4),
+            np.maximum(gap_high, 1e-4),
+            color=style["color"],
+            alpha=0.15,
+            linewidth=0,
+        )
+    # Per-trial points faintly, means with their interval boldly.
+    trial_gap = reference.gap
+    ax.scatter(reference.x, trial_gap, s=12, color="0.55", alpha=0.6, zorder=3, label="trials")
+    gap_low = 1 - points["high"].to_numpy()
+    gap_high = 1 - points["low"].to_numpy()
+    gap = points["gap"].to_numpy()
+    yerr = np.vstack([np.clip(gap - np.maximum(gap_low, 1e-4), 0, None), np.clip(gap_high - gap, 0, None)])
+    ax.errorbar(
+        points["x"],
+        gap,
+        yerr=yerr,
+        fmt="o",
+        color="k",
+        markersize=6,
+        capsize=3,
+        zorder=4,
+        label=f"mean per value ({confidence:.0%} interval)",
+    )
+    adjusted = points["score"].isin([0.0, 1.0]).to_numpy()
+    if adjusted.any():
+        ax.scatter(
+            points["x"][adjusted],
+            gap[adjusted],
+            s=90,
+            facecolors="none",
+            edgecolors="#ff7f0e",
+            zorder=5,
+            label="score 0 or 1 (0/1 rule)",
+        )
+    ax.set_xscale("log", base=2)
+    ax.set_yscale("log")
+    ax.xaxis.set_major_formatter(FuncFormatter(lambda v, _: f"{v:g}"))
+    ax.yaxis.set_major_locator(LogLocator(base=10, subs=(1.0, 2.0, 5.0)))
+    ax.yaxis.set_major_formatter(FuncFormatter(lambda v, _: f"{v:g}"))
+    ax.yaxis.set_minor_formatter(NullFormatter())
+    ax.set_xlabel(f"{AXIS_LABELS.get(axis, axis)} (log scale)")
+    ax.set_ylabel("optimality gap 1 − score (log scale)")
+    held = ", ".join(f"{k} = {v:g}" for k, v in reference.held.items())
+    ax.set_title(AXIS_LABELS.get(axis, axis).capitalize() + (f"\n({held})" if held else ""), fontsize=11)
+    ax.grid(True, which="major", alpha=0.3)
+    ax.legend(fontsize=8, loc="lower left", framealpha=0.9)
+
+
+def plot_laws(
+    table: ResultsTable | pd.DataFrame | str | Path,
+    out_dir: str | Path,
+    axes: list[str] | tuple[str, ...] | None = None,
+    methods: tuple[str, ...] = ("loglog", "saturating"),
+    rollouts: str | Path | pd.DataFrame | None = None,
+    n_bootstrap: int = 1000,
+    confidence: float = 0.9,
+    seed: int = 0,
+    extrapolate: float = 4.0,
+    name: str = "scaling_laws",
+) -> list[Path]:
+    """Draw one log-log panel per axis present (environments, objects, pairs, demos per pair).
+
+    Each panel shows the trials, the mean per axis value with a Wilson interval (pooled rollouts) or
+    a normal interval over trials, each fitted law with its bootstrap band and fitted equation, and
+    the extrapolation region (up to ``extrapolate`` x the largest tested value) shaded. Writes
+    ``<name>.png`` and ``<name>.svg`` (all panels) and ``<name>_<axis>.png/.svg`` per panel; returns
+    the paths written.
+    """
+    results = as_results_table(table, rollouts)
+    out_dir = Path(out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    axes = [a for a in (axes or PANEL_AXES) if a in results.axes_present] if axes is None else list(axes)
+    panels: list[tuple[str, list[LawFit]]] = []
+    skipped: list[str] = []
+    for axis in axes:
+        fits = []
+        for method in methods:
+            try:
+                fits.append(
+                    fit_law(
+                        results,
+                        axis=axis,
+                        method=method,
+                        n_bootstrap=n_bootstrap,
+                        confidence=confidence,
+                        seed=seed,
+                        leave_one_out=False,
+                    )
+                )
+            except ResultsError as error:
+                skipped.append(f"{axis}/{method}: {error}")
+        if fits:
+            panels.append((axis, fits))
+    if not panels:
+        raise ResultsError(f"{results.source}: nothing to plot ({'; '.join(skipped) or 'no axis varies'})")
+
+    written: list[Path] = []
+    figure, grid_axes = plt.subplots(1, len(panels), figsize=(6.4 * len(panels), 5.2), squeeze=False)
+    for ax, (axis, fits) in zip(grid_axes[0], panels, strict=True):
+        _draw_panel(ax, axis, fits, extrapolate, confidence)
+    figure.suptitle(
+        "Scaling laws of the optimality gap (shaded: extrapolation beyond the tested data)", fontsize=12
+    )
+    figure.tight_layout()
+    for suffix in ("png", "svg"):
+        path = out_dir / f"{name}.{suffix}"
+        figure.savefig(path, dpi=150)
+        written.append(path)
+    plt.close(figure)
+    for axis, fits in panels:
+        figure, ax = plt.subplots(figsize=(6.8, 5.2))
+        _draw_panel(ax, axis, fits, extrapolate, confidence)
+        figure.tight_layout()
+        for suffix in ("png", "svg"):
+            path = out_dir / f"{name}_{axis}.{suffix}"
+            figure.savefig(path, dpi=150)
+            written.append(path)
+        plt.close(figure)
+    return written
