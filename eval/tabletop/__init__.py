@@ -1,0 +1,1 @@
+"""The tabletop (UMI-like) task family: a mocap-driven parallel gripper with a wrist camera."""
