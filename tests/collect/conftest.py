@@ -74,12 +74,12 @@ def rng() -> np.random.Generator:
     return np.random.default_rng(0)
 
 
-@pytest.fixture
+@pytest.fixture(scope="session")
 def make_umi_episode():
     return umi_episode
 
 
-@pytest.fixture
+@pytest.fixture(scope="session")
 def make_joylo_episode():
     return joylo_episode
 
@@ -143,11 +143,11 @@ def store_snapshot(location):
     }
 
 
-@pytest.fixture
+@pytest.fixture(scope="session")
 def umi_zip_fixture():
     return write_umi_zip_fixture
 
 
-@pytest.fixture
+@pytest.fixture(scope="session")
 def snapshot():
     return store_snapshot

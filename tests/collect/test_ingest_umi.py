@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import csv
 import json
+import os
+import shutil
 import zipfile
 
 import numpy as np
@@ -22,10 +24,11 @@ def _source_arrays(path):
     return {key: root[f"data/{key}"][:] for key in root["data"].array_keys()}, ends
 
 
-@pytest.fixture
-def umi_tree(tmp_path, rng, make_umi_episode, umi_zip_fixture):
-    """<task>/env_<i>/object_<j>/dataset.zarr.zip: two pairs, 3 + 2 episodes, single arm."""
-    root = tmp_path / "raw"
+@pytest.fixture(scope="module")
+def umi_tree(tmp_path_factory, make_umi_episode, umi_zip_fixture):
+    """<task>/env_<i>/object_<j>/dataset.zarr.zip: two pairs, 3 + 2 episodes, single arm (read-only)."""
+    rng = np.random.default_rng(1)
+    root = tmp_path_factory.mktemp("umi") / "raw"
     first = umi_zip_fixture(
         root / "cup_arrangement/env_3/object_17/session_a/dataset.zarr.zip",
         [make_umi_episode(rng, n) for n in (12, 9, 15)],
@@ -34,6 +37,23 @@ def umi_tree(tmp_path, rng, make_umi_episode, umi_zip_fixture):
         root / "cup_arrangement/env_4/object_2/dataset.zarr.zip", [make_umi_episode(rng, n) for n in (10, 11)]
     )
     return root, first, second
+
+
+@pytest.fixture(scope="module")
+def nan_zip(tmp_path_factory, make_umi_episode, umi_zip_fixture):
+    """Three episodes; the last has a NaN: the source fails half-way through."""
+    rng = np.random.default_rng(2)
+    episodes = [make_umi_episode(rng, n) for n in (6, 7, 8)]
+    episodes[2]["robot0_eef_rot_axis_angle"][3, 1] = np.nan
+    return umi_zip_fixture(tmp_path_factory.mktemp("nan") / "dataset.zarr.zip", episodes)
+
+
+@pytest.fixture(scope="module")
+def second_only_store(tmp_path_factory, umi_tree):
+    """A store holding the second zip's episodes; tests copy it."""
+    store = tmp_path_factory.mktemp("baseline") / "store"
+    ingest_umi(umi_tree[2], store, progress=False)
+    return store
 
 
 def test_ingest_copies_jpegxl_bytes_and_keeps_values(tmp_path, umi_tree):
@@ -118,7 +138,7 @@ def test_manifest_and_flags_override_the_layout(tmp_path, umi_tree):
     with open(manifest, "w", newline="") as handle:
         writer = csv.writer(handle)
         writer.writerow(["source", "env_id", "object_id", "task", "operator"])
-        writer.writerow([str(first.relative_to(tmp_path)), "kitchen_9", "mug_1", "", "alice"])
+        writer.writerow([os.path.relpath(first, tmp_path), "kitchen_9", "mug_1", "", "alice"])
     ingest_umi(root, tmp_path / "store", manifest=manifest, operator="bob", progress=False)
     episodes = EpisodeStore.open(tmp_path / "store").episodes
     assert list(episodes["env_id"]) == ["kitchen_9"] * 3 + ["4"] * 2
@@ -171,23 +191,17 @@ def _edit_zarray(member, change):
     return edit
 
 
-def _nan_in_last_episode(tmp_path, rng, make_umi_episode, umi_zip_fixture):
-    episodes = [make_umi_episode(rng, n) for n in (6, 7, 8)]
-    episodes[2]["robot0_eef_rot_axis_angle"][3, 1] = np.nan
-    return umi_zip_fixture(tmp_path / "nan" / "dataset.zarr.zip", episodes)
-
-
 BAD_CASES = {
-    "truncated": (lambda good, tmp, *_: _truncate(good, tmp / "truncated.zarr.zip"), "not a readable zip"),
-    "not a zip": (lambda good, tmp, *_: _write(tmp / "text.zarr.zip", b"hello" * 100), "not a readable zip"),
+    "truncated": (lambda good, tmp, _: _truncate(good, tmp / "truncated.zarr.zip"), "not a readable zip"),
+    "not a zip": (lambda good, tmp, _: _write(tmp / "text.zarr.zip", b"hello" * 100), "not a readable zip"),
     "no episode_ends": (
-        lambda good, tmp, *_: _rewrite_zip(
+        lambda good, tmp, _: _rewrite_zip(
             good, tmp / "noends.zarr.zip", lambda n, d: None if n.startswith("meta/episode_ends") else d
         ),
         "meta/episode_ends",
     ),
     "unknown codec": (
-        lambda good, tmp, *_: _rewrite_zip(
+        lambda good, tmp, _: _rewrite_zip(
             good,
             tmp / "codec.zarr.zip",
             _edit_zarray(
@@ -197,7 +211,7 @@ BAD_CASES = {
         "imagecodecs_nosuchcodec",
     ),
     "length mismatch": (
-        lambda good, tmp, *_: _rewrite_zip(
+        lambda good, tmp, _: _rewrite_zip(
             good,
             tmp / "length.zarr.zip",
             _edit_zarray(
@@ -207,7 +221,7 @@ BAD_CASES = {
         "robot0_gripper_width",
     ),
     "nan half-way": (
-        lambda good, tmp, rng, make, fixture: _nan_in_last_episode(tmp, rng, make, fixture),
+        lambda good, tmp, nan_zip: _write(tmp / "nan.zarr.zip", nan_zip.read_bytes()),
         "robot0_eef_rot_axis_angle', episode 2",
     ),
 }
@@ -224,19 +238,21 @@ def _write(path, data):
     return path
 
 
-@pytest.mark.parametrize("case", list(BAD_CASES))
-@pytest.mark.parametrize("with_good_sibling", [False, True])
+@pytest.mark.parametrize(
+    ("case", "with_good_sibling"),
+    [(case, False) for case in BAD_CASES] + [("truncated", True), ("nan half-way", True)],
+)
 def test_bad_input_raises_and_leaves_store_unchanged(
-    tmp_path, umi_tree, rng, make_umi_episode, umi_zip_fixture, snapshot, case, with_good_sibling
+    tmp_path, umi_tree, nan_zip, second_only_store, snapshot, case, with_good_sibling
 ):
     root, first, second = umi_tree
     store = tmp_path / "store"
-    ingest_umi(second, store, progress=False)
+    shutil.copytree(second_only_store, store)
     before = snapshot(store)
     make_bad, message = BAD_CASES[case]
     bad_dir = tmp_path / "bad_sources"
     bad_dir.mkdir()
-    bad = make_bad(first, bad_dir, rng, make_umi_episode, umi_zip_fixture)
+    bad = make_bad(first, bad_dir, nan_zip)
     if with_good_sibling:
         # A directory whose first source is fine and whose second is bad: nothing of either is written.
         good_copy = bad_dir / "a_good" / "dataset.zarr.zip"
@@ -251,8 +267,7 @@ def test_bad_input_raises_and_leaves_store_unchanged(
     assert snapshot(store) == before
 
 
-def test_bad_input_never_creates_a_store(tmp_path, rng, make_umi_episode, umi_zip_fixture):
-    bad = _nan_in_last_episode(tmp_path, rng, make_umi_episode, umi_zip_fixture)
+def test_bad_input_never_creates_a_store(tmp_path, nan_zip):
     with pytest.raises(IngestError, match="episode 2"):
-        ingest_umi(bad, tmp_path / "fresh_store", progress=False)
+        ingest_umi(nan_zip, tmp_path / "fresh_store", progress=False)
     assert not (tmp_path / "fresh_store").exists()
