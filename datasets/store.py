@@ -41,7 +41,7 @@ SUCCESS_UNKNOWN = -1
 
 # Variable-length bytes has no ratified Zarr v3 spec yet; zarr warns on every array that uses it.
 # The layout is versioned by this package, so the warning says nothing a user can act on.
-warnings.filterwarnings("ignore", message=r"The data type \(VariableLength", module=r"zarr\..*")
+warnings.filterwarnings("ignore", message=r"The data type \(VariableLength")
 
 # Chunking targets: low-dim chunks of ~1 MiB, meta columns of 4096 episodes, image shards of 1000 frames.
 _CHUNK_BYTES = 1 << 20
@@ -154,6 +154,7 @@ class EpisodeStore:
         self.image_codec_options: dict[str, Any] = dict(attrs.get("image_codec_options", {}))
         self._arrays: dict[str, zarr.Array] = {}
         self._stats_memory: dict[str, dict[str, Any]] = {}
+        self._cleaned = False
         self._refresh()
 
     # ------------------------------------------------------------------ opening
@@ -322,14 +323,25 @@ class EpisodeStore:
             previous = int(end)
             n += 1
         notes = []
-        if n < len(ends):
-            notes.append(f"meta/episode_ends has {len(ends) - n} uncommitted trailing entries (ignored)")
-        # A committed episode must be fully present in every data array and metadata column.
-        limit_frames = min((self._reload_array(f"data/{k}").shape[0] for k in self.features), default=0)
-        limit_rows = min(self._reload_array(f"meta/{c}").shape[0] for c in META_COLUMNS)
+        if n + 1 < len(ends):
+            notes.append(
+                f"meta/episode_ends is not increasing at episode {n} "
+                f"({int(ends[n - 1]) if n else 0} then {int(ends[n])}) and continues for {len(ends) - n} entries"
+            )
+        # A committed episode must be fully present in every data array and metadata column; if not,
+        # the store is damaged (not merely interrupted): read what is whole, and let validate() say why.
+        for key in self.features:
+            frames = self._reload_array(f"data/{key}").shape[0]
+            if n and ends[n - 1] > frames:
+                notes.append(f"data/{key} has {frames} frames, meta/episode_ends says {int(ends[n - 1])}")
+        for column in META_COLUMNS:
+            rows = self._reload_array(f"meta/{column}").shape[0]
+            if rows < n:
+                notes.append(f"meta/{column} has {rows} rows for {n} committed episodes")
+        limit_frames = min((self._array(f"data/{k}").shape[0] for k in self.features), default=0)
+        limit_rows = min(self._array(f"meta/{c}").shape[0] for c in META_COLUMNS)
         while n > 0 and (ends[n - 1] > limit_frames or n > limit_rows):
             n -= 1
-            notes.append("the last episode end points past the data or metadata (ignored)")
         n_frames = int(ends[n - 1]) if n else 0
         longest = max((self._array(f"data/{k}").shape[0] for k in self.features), default=0)
         return _Committed(n, ends[:n].copy(), uncommitted_frames=longest - n_frames, notes=notes)
@@ -341,6 +353,11 @@ class EpisodeStore:
         self._notes = state.notes
         self._episodes_df: pd.DataFrame | None = None
         self._sources: set[str] | None = None
+
+    def _refresh_if_changed(self) -> None:
+        ends = np.asarray(self._reload_array("meta/episode_ends")[:], dtype=np.int64)
+        if len(ends) != self.n_episodes or not np.array_equal(ends, self._episode_ends):
+            self._refresh()
 
     @property
     def n_episodes(self) -> int:
@@ -540,8 +557,9 @@ class EpisodeStore:
 
     def _clean_partial_files(self) -> None:
         """Remove temporary files left by a writer that was killed mid-write (local stores only)."""
-        if _is_url(self.location) or self.location.endswith(".zip"):
+        if self._cleaned or _is_url(self.location) or self.location.endswith(".zip"):
             return
+        self._cleaned = True
         for path in Path(self.location).rglob("*.partial"):
             path.unlink(missing_ok=True)
 
@@ -571,7 +589,7 @@ class EpisodeStore:
             raise StoreError(f"{self.location}: opened read-only; open with mode='a' to append")
         encoded = dict(encoded or {})
         length, arrays = self._validate_episode(data, encoded, where)
-        self._refresh()  # another writer may have appended since we opened
+        self._refresh_if_changed()  # another writer may have appended since we opened
         if source_sha256 and self.has_source(source_sha256):
             logger.warning(
                 "%s: source %s (sha256 %s) is already in the store; skipped",
@@ -603,11 +621,7 @@ class EpisodeStore:
         self._clean_partial_files()
         n_episodes, start = self.n_episodes, self.n_frames
         stop = start + length
-        for key in self.features:
-            array = self._array(f"data/{key}")
-            array.resize((stop, *array.shape[1:]))
-            array[start:stop] = blobs[key] if key in blobs else arrays[key]
-        row = {
+        row: dict[str, Any] = {
             "env_id": _as_str(env_id),
             "object_id": _as_str(object_id),
             "task": _as_str(task),
@@ -615,25 +629,31 @@ class EpisodeStore:
             "source": _as_str(source),
             "source_sha256": _as_str(source_sha256),
             "tags": tag_text,
+            "length": length,
+            "success": SUCCESS_UNKNOWN if success is None else int(bool(success)),
         }
-        for column, value in row.items():
-            array = self._array(f"meta/{column}")
-            array.resize((n_episodes + 1,))
-            array[n_episodes] = value
-        for column, value in (
-            ("length", length),
-            ("success", SUCCESS_UNKNOWN if success is None else int(bool(success))),
-        ):
-            array = self._array(f"meta/{column}")
-            array.resize((n_episodes + 1,))
-            array[n_episodes] = value
-        # Commit point: one atomic chunk write of meta/episode_ends makes the episode visible.
+        writes = [
+            (
+                self._array(f"data/{key}"),
+                stop,
+                slice(start, stop),
+                blobs[key] if key in blobs else arrays[key],
+            )
+            for key in self.features
+        ]
+        writes += [
+            (self._array(f"meta/{c}"), n_episodes + 1, slice(n_episodes, n_episodes + 1), [v])
+            for c, v in row.items()
+        ]
+        _sync(_resize_and_write_all(writes))
+        # Commit point, strictly after the writes above: one atomic chunk write of meta/episode_ends.
         ends = self._array("meta/episode_ends")
-        ends.resize((n_episodes + 1,))
-        ends[n_episodes] = stop
-        self._refresh()
-        if self.n_episodes != n_episodes + 1:
-            raise StoreError(f"{where}: append did not commit (another writer at the same time?)")
+        _sync(_resize_and_write_all([(ends, n_episodes + 1, slice(n_episodes, n_episodes + 1), [stop])]))
+        self._episode_ends = np.append(self._episode_ends, np.int64(stop))
+        self._uncommitted_frames = 0
+        self._episodes_df = None
+        if self._sources is not None and source_sha256:
+            self._sources.add(source_sha256)
         return n_episodes
 
     # ------------------------------------------------------------------ statistics
@@ -759,13 +779,9 @@ class EpisodeStore:
         for column in META_COLUMNS:
             self._reload_array(f"meta/{column}")
         self._refresh()
+        if self._notes:
+            raise StoreError(f"{loc}: " + "; ".join(self._notes))
         n, ends, n_frames = self.n_episodes, self._episode_ends, self.n_frames
-        raw_ends = np.asarray(ends_array[:])
-        if len(raw_ends) > n + 1:
-            raise StoreError(
-                f"{loc}: meta/episode_ends is not increasing at episode {n} "
-                f"({raw_ends[n - 1] if n else 0} then {raw_ends[n]}) and continues for {len(raw_ends) - n} entries"
-            )
         for key, spec in self.features.items():
             array = self._reload_array(f"data/{key}")
             if array.shape[0] < n_frames:
@@ -847,10 +863,31 @@ class EpisodeStore:
             "image_codec": self.image_codec,
             "features": {k: v.to_dict() for k, v in self.features.items()},
             "uncommitted_frames": int(self._uncommitted_frames),
+            "problems": list(self._notes),
         }
 
     def __repr__(self) -> str:
         return f"EpisodeStore({self.location!r}, n_episodes={self.n_episodes}, n_frames={self.n_frames})"
+
+
+def _sync(coroutine: Any) -> Any:
+    from zarr.core.sync import sync
+
+    return sync(coroutine)
+
+
+async def _resize_and_write_all(writes: list[tuple[zarr.Array, int, slice, Any]]) -> None:
+    """Resize each array along time and write its slice, all arrays concurrently (one event-loop trip)."""
+    import asyncio
+
+    async def one(array: zarr.Array, length: int, selection: slice, value: Any) -> None:
+        target = array.async_array
+        await target.resize((length, *array.shape[1:]))
+        if isinstance(value, list):
+            value = np.asarray(value, dtype=object if array.dtype.kind in "OTSU" else array.dtype)
+        await target.setitem(selection, value)
+
+    await asyncio.gather(*(one(*w) for w in writes))
 
 
 def sha256_of(path: str | os.PathLike[str], chunk_bytes: int = 1 << 20) -> str:

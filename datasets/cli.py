@@ -1,0 +1,78 @@
+"""``demoscale store``: inspect, validate and label episode stores (a thin shell over EpisodeStore)."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+from demoscale.datasets.store import EpisodeStore, StoreError, dumps_info
+
+
+def _print_info(info: dict) -> None:
+    print(f"store      {info['location']}  ({info['format']} v{info['version']})")
+    print(f"episodes   {info['n_episodes']}   frames {info['n_frames']}")
+    print(
+        f"envs       {len(info['envs'])}: {', '.join(info['envs'][:20])}{' ...' if len(info['envs']) > 20 else ''}"
+    )
+    objects = info["objects"]
+    print(f"objects    {len(objects)}: {', '.join(objects[:20])}{' ...' if len(objects) > 20 else ''}")
+    per_pair = info["episodes_per_pair"]
+    if per_pair:
+        print(f"pairs      {info['n_pairs']}   episodes per pair {per_pair['min']}..{per_pair['max']}")
+    print(f"tasks      {', '.join(t or '-' for t in info['tasks'])}")
+    if info["success_rate"] is not None:
+        print(f"success    {info['success_rate']:.3f} (episodes with a known outcome)")
+    if info["uncommitted_frames"]:
+        print(f"note       {info['uncommitted_frames']} uncommitted frames after the last episode (ignored)")
+    print(f"images     codec {info['image_codec']}")
+    print()
+    print(f"{'key':<28} {'kind':<12} {'shape':<16} {'dtype':<8} {'rate_hz':>8}  units / frame")
+    for key, spec in info["features"].items():
+        shape = "x".join(str(s) for s in spec["shape"])
+        rate = "" if spec["rate_hz"] is None else f"{spec['rate_hz']:g}"
+        units = " / ".join(u for u in (spec["units"], spec["frame"]) if u)
+        print(f"{key:<28} {spec['kind']:<12} {shape:<16} {spec['dtype']:<8} {rate:>8}  {units}")
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="demoscale store", description=__doc__)
+    commands = parser.add_subparsers(dest="command", required=True)
+    info = commands.add_parser("info", help="summarise a store (episodes, frames, envs, objects, features)")
+    info.add_argument("store", help="store location: directory, .zip or fsspec URL")
+    info.add_argument("--json", action="store_true", help="print JSON instead of a table")
+    validate = commands.add_parser("validate", help="check every invariant of a store")
+    validate.add_argument("store")
+    label = commands.add_parser("label-waypoints", help="label waypoints and cache next_waypoint_index")
+    label.add_argument("store")
+    label.add_argument("--threshold", type=float, required=True, help="reconstruction error threshold")
+    label.add_argument("--overwrite", action="store_true", help="replace a cache made with other parameters")
+    args = parser.parse_args(argv)
+
+    try:
+        if args.command == "info":
+            summary = EpisodeStore.open(args.store).info()
+            if args.json:
+                print(dumps_info(summary))
+            else:
+                _print_info(summary)
+        elif args.command == "validate":
+            store = EpisodeStore.open(args.store)
+            store.validate()
+            print(f"ok: {args.store}: {store.n_episodes} episodes, {store.n_frames} frames")
+        elif args.command == "label-waypoints":
+            from demoscale.datasets.waypoints import WaypointError, label_store_waypoints
+
+            try:
+                labels = label_store_waypoints(args.store, args.threshold, overwrite=args.overwrite)
+            except WaypointError as error:
+                print(f"demoscale store label-waypoints: {error}", file=sys.stderr)
+                return 1
+            print(f"labelled {len(labels)} frames of {args.store}")
+    except StoreError as error:
+        print(f"demoscale store {args.command}: {error}", file=sys.stderr)
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
