@@ -439,7 +439,9 @@ def ingest_joylo(
     if len(rates) > 1:
         raise IngestError(f"{src}: files record different rates {sorted(rates)}")
     cameras = {
-        key[: -len("_rgb")]: shape[:2] for key, (shape, _) in signature.items() if key.endswith("_rgb")
+        key[: -len("_rgb")]: shape[:2]
+        for key, (shape, _) in signature.items()
+        if key.endswith("_rgb") and not key.startswith("pointcloud_")
     }
     features = joylo_features(signature["pointcloud_xyz"][0][0], cameras, rates.pop())
     return write_plans(
