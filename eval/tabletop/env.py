@@ -66,6 +66,54 @@ def _nlerp(q0: np.ndarray, q1: np.ndarray, fraction: float) -> np.ndarray:
     return q / np.linalg.norm(q)
 
 
+_GL_CONTEXT = None
+
+
+def _shared_gl_context():
+    """One GL context per process: creating one costs ~1 s with software EGL, a model context ~ms."""
+    global _GL_CONTEXT
+    if _GL_CONTEXT is None:
+        from mujoco.rendering.classic import gl_context
+
+        _GL_CONTEXT = gl_context.GLContext(64, 64)
+    _GL_CONTEXT.make_current()
+    return _GL_CONTEXT
+
+
+class OffscreenRenderer:
+    """Render RGB images of one model's cameras through the process-wide GL context."""
+
+    def __init__(self, model: mujoco.MjModel, size: int) -> None:
+        _shared_gl_context()
+        self.model = model
+        self.size = int(size)
+        self.scene = mujoco.MjvScene(model, maxgeom=200)
+        self.option = mujoco.MjvOption()
+        self.camera = mujoco.MjvCamera()
+        self.camera.type = mujoco.mjtCamera.mjCAMERA_FIXED
+        self.context = mujoco.MjrContext(model, mujoco.mjtFontScale.mjFONTSCALE_50)
+        mujoco.mjr_setBuffer(mujoco.mjtFramebuffer.mjFB_OFFSCREEN, self.context)
+        self.rect = mujoco.MjrRect(0, 0, self.size, self.size)
+
+    def render(self, data: mujoco.MjData, camera: str) -> np.ndarray:
+        _shared_gl_context()
+        self.camera.fixedcamid = self.model.camera(camera).id
+        mujoco.mjv_updateScene(
+            self.model, data, self.option, None, self.camera, mujoco.mjtCatBit.mjCAT_ALL, self.scene
+        )
+        mujoco.mjr_setBuffer(mujoco.mjtFramebuffer.mjFB_OFFSCREEN, self.context)
+        mujoco.mjr_render(self.rect, self.scene, self.context)
+        image = np.empty((self.size, self.size, 3), dtype=np.uint8)
+        mujoco.mjr_readPixels(image, None, self.rect, self.context)
+        return image[::-1].copy()  # OpenGL rows run bottom-up
+
+    def close(self) -> None:
+        if self.context is not None:
+            _shared_gl_context()
+            self.context.free()
+            self.context = None
+
+
 class TabletopEnv:
     """Base class of the tabletop tasks. Subclasses add their MJCF elements, layout and scoring."""
 
@@ -99,7 +147,7 @@ class TabletopEnv:
         )
         self.model = mujoco.MjModel.from_xml_string(xml)
         self.data = mujoco.MjData(self.model)
-        self._renderer: mujoco.Renderer | None = None
+        self._renderer: OffscreenRenderer | None = None
         self._mocap = self.model.body("gripper_target").mocapid[0]
         self._gripper_body = self.model.body("gripper").id
         self._gripper_qpos = self.model.joint("gripper_joint").qposadr[0]
@@ -230,15 +278,10 @@ class TabletopEnv:
             "robot0_gripper_width": np.array([self._width], dtype=np.float32),
         }
 
-    def _renderer_for(self) -> mujoco.Renderer:
-        if self._renderer is None:
-            self._renderer = mujoco.Renderer(self.model, self.image_size, self.image_size)
-        return self._renderer
-
     def render_camera(self, camera: str) -> np.ndarray:
-        renderer = self._renderer_for()
-        renderer.update_scene(self.data, camera=camera)
-        return renderer.render()
+        if self._renderer is None:
+            self._renderer = OffscreenRenderer(self.model, self.image_size)
+        return self._renderer.render(self.data, camera)
 
     def observe(self) -> dict[str, np.ndarray]:
         obs = self.low_dim()

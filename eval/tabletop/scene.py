@@ -199,13 +199,23 @@ def object_params(object_id: int) -> ObjectParams:
     )
 
 
-def _euler_to_xyaxes(tilt: tuple[float, float]) -> tuple[np.ndarray, np.ndarray]:
-    """x and y axes of a camera looking straight down (-z), tilted by small angles about x and y."""
-    ax, ay = tilt
-    rx = np.array([[1, 0, 0], [0, np.cos(ax), -np.sin(ax)], [0, np.sin(ax), np.cos(ax)]])
-    ry = np.array([[np.cos(ay), 0, np.sin(ay)], [0, 1, 0], [-np.sin(ay), 0, np.cos(ay)]])
-    rot = ry @ rx
-    return rot @ np.array([1.0, 0, 0]), rot @ np.array([0, 1.0, 0])
+def _look_at_xyaxes(
+    position: np.ndarray, target: np.ndarray, up_hint: np.ndarray, jitter: tuple[float, float]
+) -> str:
+    """MJCF ``xyaxes`` of a camera at ``position`` looking at ``target`` with ``up_hint`` pointing
+    up in the image, turned by small jitter angles (radians) about its own x and y axes."""
+    forward = target - position
+    forward = forward / np.linalg.norm(forward)
+    right = np.cross(forward, up_hint)
+    if np.linalg.norm(right) < 1e-6:
+        right = np.array([0.0, -1.0, 0.0])
+    right = right / np.linalg.norm(right)
+    up = np.cross(right, forward)
+    ax, ay = jitter
+    # Rotate the image axes about the camera's x (pitch) and y (yaw) axes.
+    up, forward = up * np.cos(ax) + forward * np.sin(ax), forward * np.cos(ax) - up * np.sin(ax)
+    right, forward = right * np.cos(ay) - forward * np.sin(ay), forward * np.cos(ay) + right * np.sin(ay)
+    return f"{_fmt(right)} {_fmt(up)}"
 
 
 def _object_body(obj: ObjectParams, name: str = "object") -> str:
@@ -243,10 +253,14 @@ def build_mjcf(
         "noise": f'builtin="flat" mark="random" random="0.25" rgb1="{_fmt(env.table_rgb1)}" '
         f'rgb2="{_fmt(env.table_rgb2)}" markrgb="{_fmt(env.table_rgb2)}"',
     }[env.table_texture]
-    wx, wy = _euler_to_xyaxes(env.wrist_camera_tilt)
-    sx, sy = _euler_to_xyaxes((0.75 + env.scene_camera_tilt[0], env.scene_camera_tilt[1]))
-    wrist_pos = np.array([-0.045, 0.0, 0.11]) + np.array(env.wrist_camera_offset)
-    scene_pos = np.array([0.0, -0.52, 0.5]) + np.array(env.scene_camera_offset)
+    # The wrist camera rides behind and above the fingers and looks past them at the table ahead,
+    # like a gripper-mounted camera; the scene camera looks at the workspace from the front.
+    wrist_pos = np.array([-0.1, 0.0, 0.17]) + np.array(env.wrist_camera_offset)
+    wrist_axes = _look_at_xyaxes(
+        wrist_pos, np.array([0.07, 0.0, -0.03]), np.array([1.0, 0, 0]), env.wrist_camera_tilt
+    )
+    scene_pos = np.array([0.0, -0.36, 0.42]) + np.array(env.scene_camera_offset)
+    scene_axes = _look_at_xyaxes(scene_pos, np.zeros(3), np.array([0, 0, 1.0]), env.scene_camera_tilt)
     fingers = []
     for side, sign in (("left", 1), ("right", -1)):
         fingers.append(
@@ -281,7 +295,7 @@ def build_mjcf(
     <light name="sun" directional="true" castshadow="false" dir="{_fmt(env.light_dir)}" diffuse="{env.light_diffuse:.3g} {env.light_diffuse:.3g} {env.light_diffuse:.3g}" specular="0.1 0.1 0.1"/>
     <geom name="floor" type="plane" size="3 3 0.1" pos="0 0 -0.75" material="floor_mat" contype="0" conaffinity="0"/>
     <geom name="table" type="box" size="{TABLE_HALF} {TABLE_HALF} 0.02" pos="0 0 -0.02" material="table_mat" friction="{env.table_friction:.3g} 0.005 0.0001"/>
-    <camera name="scene" pos="{_fmt(scene_pos)}" xyaxes="{_fmt(sx)} {_fmt(sy)}" fovy="55"/>
+    <camera name="scene" pos="{_fmt(scene_pos)}" xyaxes="{scene_axes}" fovy="50"/>
     {distractors}
     {task_worldbody}
     {_object_body(obj)}
@@ -289,7 +303,7 @@ def build_mjcf(
     <body name="gripper" pos="0 0 0.15" gravcomp="1">
       <freejoint name="gripper_joint"/>
       <geom name="palm" type="box" size="0.012 0.05 0.01" pos="0 0 0.05" material="palm_mat" mass="0.3" contype="0" conaffinity="0"/>
-      <camera name="wrist" pos="{_fmt(wrist_pos)}" xyaxes="{_fmt(wx)} {_fmt(wy)}" fovy="80"/>
+      <camera name="wrist" pos="{_fmt(wrist_pos)}" xyaxes="{wrist_axes}" fovy="80"/>
       {"".join(fingers)}
     </body>
   </worldbody>

@@ -1,0 +1,203 @@
+"""Scripted demonstrations in simulation, written in the task family's raw source format.
+
+The simulator "collects" the way hardware would: each (environment, object) pair's demonstrations
+go to ``<out_dir>/<task>/env_<i>/object_<j>/`` (for tabletop tasks one UMI ``dataset.zarr.zip``
+holding the pair's demos, plus the Data-Scaling-Laws ``count.txt``), and ``demoscale ingest``
+brings them into a store from there, reading env/object ids from the directory layout.
+
+By default only successful expert demonstrations are kept (an expert that fails is retried with a
+new episode seed, up to ``max_attempts_per_demo`` times per demo); ``keep_failed=True`` keeps every
+attempted episode instead.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Sequence
+from concurrent.futures import ProcessPoolExecutor
+from dataclasses import dataclass, field
+from multiprocessing import get_context
+from pathlib import Path
+
+import numpy as np
+from demoscale.eval.ids import env_ids, object_ids
+from demoscale.eval.tasks import get_task
+
+
+@dataclass
+class PairResult:
+    """What one (environment, object) pair produced."""
+
+    env_id: int
+    object_id: int
+    directory: str
+    demos: int
+    attempts: int
+    successes: int
+    frames: int
+    files: list[str] = field(default_factory=list)
+
+
+@dataclass
+class CollectResult:
+    """Summary of a :func:`collect_sim` run."""
+
+    task: str
+    out_dir: str
+    pairs: list[PairResult]
+
+    @property
+    def n_demos(self) -> int:
+        return sum(p.demos for p in self.pairs)
+
+    @property
+    def expert_success_rate(self) -> float:
+        attempts = sum(p.attempts for p in self.pairs)
+        return sum(p.successes for p in self.pairs) / attempts if attempts else float("nan")
+
+
+def run_expert_episode(env, seed: int) -> tuple[dict[str, np.ndarray], bool]:
+    """Run the scripted expert for one episode; returns (time-major observations + ``action``, success).
+
+    Frames are the observations before every action plus the final one; the expert's commanded
+    actions are returned under ``action`` (the last frame repeats the last command)."""
+    obs = env.reset(seed)
+    expert = env.expert(seed)
+    frames = [obs]
+    actions = []
+    for _ in range(env.max_steps):
+        action = expert.act(obs)
+        obs = env.step(action)
+        frames.append(obs)
+        actions.append(np.asarray(action, dtype=np.float32))
+        if getattr(expert, "done", False):
+            break
+    actions.append(actions[-1])
+    episode = {key: np.stack([frame[key] for frame in frames]) for key in frames[0]}
+    episode["action"] = np.stack(actions)
+    return episode, bool(env.success())
+
+
+def _pair_seed(seed: int, env_id: int, object_id: int, attempt: int) -> int:
+    return int(np.random.default_rng([int(seed), env_id, object_id, attempt]).integers(0, 2**31 - 1))
+
+
+def collect_pair(
+    task: str,
+    env_id: int,
+    object_id: int,
+    demos: int,
+    out_dir: str | os.PathLike,
+    seed: int = 0,
+    image_size: int = 96,
+    keep_failed: bool = False,
+    max_attempts_per_demo: int = 3,
+    env_options: dict | None = None,
+) -> PairResult:
+    """Collect ``demos`` demonstrations of one pair and write them in the task's raw format."""
+    definition = get_task(task)
+    env = definition.make_env(env_id, object_id, image_size=image_size, **(env_options or {}))
+    episodes, attempts, successes = [], 0, 0
+    try:
+        while len(episodes) < demos and attempts < demos * max_attempts_per_demo:
+            episode, success = run_expert_episode(env, _pair_seed(seed, env_id, object_id, attempts))
+            attempts += 1
+            successes += success
+            if success or keep_failed:
+                episodes.append(episode)
+    finally:
+        env.close()
+    directory = Path(out_dir) / task / f"env_{env_id}" / f"object_{object_id}"
+    files: list[Path] = []
+    if episodes:
+        directory.mkdir(parents=True, exist_ok=True)
+        files = definition.write_demos(directory, episodes, definition.rate_hz)
+        (directory / "count.txt").write_text(f"{len(episodes)}\n")
+    return PairResult(
+        env_id=env_id,
+        object_id=object_id,
+        directory=str(directory),
+        demos=len(episodes),
+        attempts=attempts,
+        successes=successes,
+        frames=sum(len(e["action"]) for e in episodes),
+        files=[str(f) for f in files],
+    )
+
+
+def _collect_pair_star(kwargs: dict) -> PairResult:
+    os.environ.setdefault("MUJOCO_GL", "egl")
+    return collect_pair(**kwargs)
+
+
+def collect_sim(
+    task: str,
+    n_envs: int,
+    n_objects: int,
+    demos_per_pair: int,
+    out_dir: str | os.PathLike,
+    workers: int = 1,
+    split: str = "train",
+    seed: int = 0,
+    image_size: int = 96,
+    keep_failed: bool = False,
+    env_offset: int = 0,
+    object_offset: int = 0,
+    env_options: dict | None = None,
+    progress: bool = True,
+) -> CollectResult:
+    """Collect scripted demos on the first ``n_envs`` x ``n_objects`` ids of ``split``.
+
+    Writes ``<out_dir>/<task>/env_<i>/object_<j>/`` per pair (see the module docstring) and returns
+    a :class:`CollectResult`. Only successful demos are kept unless ``keep_failed``. ``workers`` > 1
+    collects pairs in parallel processes. ``env_options`` go to the task's ``make_env`` (for
+    tabletop tasks, e.g. ``{"cameras": ["scene"]}``).
+    """
+    from tqdm.auto import tqdm
+
+    definition = get_task(task)  # unknown task: error before anything runs
+    if min(n_envs, n_objects, demos_per_pair) < 1:
+        raise ValueError("n_envs, n_objects and demos_per_pair must all be >= 1")
+    envs = env_ids(split, n_envs + env_offset)[env_offset:]
+    objects = object_ids(split, n_objects + object_offset)[object_offset:]
+    jobs = [
+        dict(
+            task=definition.name,
+            env_id=e,
+            object_id=o,
+            demos=demos_per_pair,
+            out_dir=str(out_dir),
+            seed=seed,
+            image_size=image_size,
+            keep_failed=keep_failed,
+            env_options=env_options,
+        )
+        for e in envs
+        for o in objects
+    ]
+    results: list[PairResult] = []
+    bar = tqdm(total=len(jobs) * demos_per_pair, desc=f"collect {task}", unit="demo", disable=not progress)
+    if workers <= 1:
+        for job in jobs:
+            results.append(collect_pair(**job))
+            bar.update(demos_per_pair)
+    else:
+        with ProcessPoolExecutor(max_workers=workers, mp_context=get_context("spawn")) as pool:
+            for result in pool.map(_collect_pair_star, jobs):
+                results.append(result)
+                bar.update(demos_per_pair)
+    bar.close()
+    short = [r for r in results if r.demos < demos_per_pair]
+    if short:
+        listed = ", ".join(f"env {r.env_id}/object {r.object_id}: {r.demos}" for r in short[:5])
+        print(f"warning: {len(short)} pair(s) got fewer than {demos_per_pair} successful demos ({listed})")
+    return CollectResult(task=definition.name, out_dir=str(out_dir), pairs=results)
+
+
+def summary_lines(result: CollectResult, envs: Sequence[int] | None = None) -> list[str]:
+    """Human-readable lines describing a collection."""
+    return [
+        f"task {result.task}: {result.n_demos} demos in {len(result.pairs)} pairs under {result.out_dir}",
+        f"expert success rate {result.expert_success_rate:.3f} "
+        f"({sum(p.successes for p in result.pairs)}/{sum(p.attempts for p in result.pairs)} attempts)",
+    ]

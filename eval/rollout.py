@@ -1,0 +1,449 @@
+"""Closed-loop rollout evaluation with confidence intervals, rollout tables and videos.
+
+``evaluate`` rolls a policy out on ``n_envs`` x ``n_objects`` (environment, object) pairs of a
+split, ``episodes`` rollouts per pair. Several environments are stepped in lockstep in one process
+so that policy inference is batched; ``workers`` > 1 spreads the rollouts over processes.
+
+A policy observes a window of past observations given by its ``obs_offsets`` (frame offsets <= 0;
+before the first frame the first observation repeats, as in training), predicts a chunk of
+absolute actions and executes its first ``n_action_steps`` before planning again. A rollout ends
+when the task succeeds or after the task's ``max_steps``.
+
+Outputs (when ``out_dir`` is given): ``rollouts.csv`` (one row per rollout: rollout_index,
+env_id, object_id, seed, stage_1..stage_n, stage_score, max_stage_score, score, success, steps),
+``summary.json`` (mean normalised score with a t interval, success rate with a Wilson 95%
+interval, n_rollouts, ...) and ``videos/rollout_<k>.mp4`` for the first ``video_episodes`` rollouts.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from collections.abc import Mapping, Sequence
+from concurrent.futures import ProcessPoolExecutor
+from dataclasses import dataclass
+from multiprocessing import get_context
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pandas as pd
+from demoscale.eval.ids import env_ids, object_ids
+from demoscale.eval.tasks import TaskDefinition, get_task
+
+DEFAULT_BATCH = 8
+
+
+class SpecMismatchError(ValueError):
+    """A policy's observation/action spec does not match the task it is evaluated on."""
+
+
+def wilson_interval(successes: int, n: int, confidence: float = 0.95) -> tuple[float, float]:
+    """Wilson score interval for a binomial proportion (``(nan, nan)`` when ``n`` is 0)."""
+    if n <= 0:
+        return float("nan"), float("nan")
+    from statsmodels.stats.proportion import proportion_confint
+
+    low, high = proportion_confint(int(successes), int(n), alpha=1 - confidence, method="wilson")
+    return float(low), float(high)
+
+
+def mean_interval(values: Sequence[float], confidence: float = 0.95) -> tuple[float, float]:
+    """Student-t interval for a mean (the mean itself twice when all values are equal)."""
+    from scipy import stats
+
+    values = np.asarray(values, dtype=float)
+    if len(values) == 0:
+        return float("nan"), float("nan")
+    mean = float(values.mean())
+    if len(values) < 2 or float(values.std()) == 0.0:
+        return mean, mean
+    half = stats.t.ppf(0.5 + confidence / 2, len(values) - 1) * stats.sem(values)
+    return max(0.0, mean - half), min(1.0, mean + half)
+
+
+def summarise(rollouts: pd.DataFrame, confidence: float = 0.95) -> dict[str, Any]:
+    """Mean score with a t interval and success rate with a Wilson interval over ``rollouts``."""
+    n = len(rollouts)
+    successes = int(rollouts["success"].sum()) if n else 0
+    score_low, score_high = mean_interval(rollouts["score"].to_numpy() if n else [], confidence)
+    success_low, success_high = wilson_interval(successes, n, confidence)
+    return {
+        "n_rollouts": n,
+        "score": float(rollouts["score"].mean()) if n else float("nan"),
+        "score_ci_low": score_low,
+        "score_ci_high": score_high,
+        "successes": successes,
+        "success_rate": successes / n if n else float("nan"),
+        "success_ci_low": success_low,
+        "success_ci_high": success_high,
+        "confidence": confidence,
+    }
+
+
+@dataclass
+class EvalResult:
+    """``rollouts``: one row per rollout; ``summary``: aggregate numbers; ``out_dir`` if written."""
+
+    rollouts: pd.DataFrame
+    summary: dict[str, Any]
+    out_dir: str | None = None
+
+
+# --- policies --------------------------------------------------------------------------------
+class _ExpertActor:
+    """The task's scripted expert, one per environment, acting every step."""
+
+    name = "expert"
+    n_action_steps = 1
+    obs_offsets: dict[str, list[int]] = {}
+
+    def __init__(self) -> None:
+        self.experts: dict[int, Any] = {}
+
+    def start(self, slot: int, env, seed: int) -> None:
+        self.experts[slot] = env.expert(seed)
+
+    def chunks(self, slots: list[int], histories: Mapping[int, list[dict]], seed: int) -> list[np.ndarray]:
+        return [self.experts[s].act(histories[s][-1])[None] for s in slots]
+
+
+class _PolicyActor:
+    """A learned policy: batched windows in, chunks of absolute actions out."""
+
+    def __init__(self, policy, name: str) -> None:
+        self.policy = policy
+        self.name = name
+        self.n_action_steps = max(1, int(getattr(policy, "n_action_steps", 1)))
+        self.obs_offsets = {k: [int(o) for o in v] for k, v in policy.obs_offsets.items()}
+        bad = {k: v for k, v in self.obs_offsets.items() if any(o > 0 for o in v)}
+        if bad:
+            raise SpecMismatchError(f"observation offsets must be <= 0 (past frames) for rollouts, got {bad}")
+
+    def start(self, slot: int, env, seed: int) -> None:
+        pass
+
+    def window(self, history: list[dict]) -> dict[str, np.ndarray]:
+        last = len(history) - 1
+        return {
+            key: np.stack([history[max(0, last + o)][key] for o in offsets])
+            for key, offsets in self.obs_offsets.items()
+        }
+
+    def chunks(self, slots: list[int], histories: Mapping[int, list[dict]], seed: int) -> list[np.ndarray]:
+        windows = [self.window(histories[s]) for s in slots]
+        batch = {key: np.stack([w[key] for w in windows]) for key in self.obs_offsets}
+        if hasattr(self.policy, "predict_action_batch"):
+            actions = np.asarray(self.policy.predict_action_batch(batch, seed=seed))
+        else:
+            actions = np.stack([np.asarray(self.policy.predict_action(w)) for w in windows])
+        return [a[: self.n_action_steps] for a in actions]
+
+
+def _resolve_policy(policy, device: str = "cpu"):
+    if isinstance(policy, str) and policy == "expert":
+        return _ExpertActor()
+    if isinstance(policy, str | os.PathLike):
+        from demoscale.policies import load_policy
+
+        return _PolicyActor(load_policy(policy, device=device), name=os.fspath(policy))
+    if not hasattr(policy, "obs_offsets") or not (
+        hasattr(policy, "predict_action") or hasattr(policy, "predict_action_batch")
+    ):
+        raise TypeError(
+            f"policy must be 'expert', a checkpoint path or a Policy, got {type(policy).__name__}"
+        )
+    return _PolicyActor(policy, name=type(policy).__name__)
+
+
+def policy_image_size(policy) -> int | None:
+    """The square image size a loaded policy was trained on (from its feature spec), if any."""
+    for key, spec in getattr(policy, "features", {}).items():
+        spec = spec if isinstance(spec, Mapping) else vars(spec)
+        if key in getattr(policy, "obs_offsets", {}) and spec.get("kind") == "image":
+            return int(spec["shape"][0])
+    return None
+
+
+def check_spec(actor, definition: TaskDefinition, observation: Mapping[str, np.ndarray]) -> None:
+    """Raise :class:`SpecMismatchError` if the policy cannot act in the task (before any rollout)."""
+    if isinstance(actor, _ExpertActor):
+        return
+    policy = actor.policy
+    problems = []
+    for key in actor.obs_offsets:
+        if key not in observation:
+            problems.append(
+                f"the policy observes {key!r}, which task {definition.name!r} does not provide "
+                f"(it provides {sorted(observation)})"
+            )
+            continue
+        spec = policy.features.get(key) if hasattr(policy, "features") else None
+        spec = spec if spec is None or isinstance(spec, Mapping) else vars(spec)
+        if spec is not None and tuple(spec["shape"]) != tuple(np.shape(observation[key])):
+            problems.append(
+                f"{key!r}: the policy expects shape {tuple(spec['shape'])}, the task gives "
+                f"{tuple(np.shape(observation[key]))}"
+            )
+    action_dim = getattr(policy, "action_dim", None)
+    if action_dim is not None and int(action_dim) != definition.action_dim:
+        problems.append(
+            f"the policy predicts {action_dim}-dim actions, task {definition.name!r} takes "
+            f"{definition.action_dim}"
+        )
+    if problems:
+        raise SpecMismatchError(
+            f"policy {actor.name} does not fit task {definition.name!r}: " + "; ".join(problems)
+        )
+
+
+# --- rollouts --------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class RolloutJob:
+    rollout_index: int
+    env_id: int
+    object_id: int
+    seed: int
+    video: bool
+
+
+def _write_video(path: Path, frames: Sequence[np.ndarray], fps: float) -> Path:
+    import cv2
+
+    height, width = frames[0].shape[:2]
+    writer = cv2.VideoWriter(str(path), cv2.VideoWriter_fourcc(*"mp4v"), fps, (width, height))
+    if writer.isOpened():
+        for frame in frames:
+            writer.write(cv2.cvtColor(frame, cv2.COLOR_RGB2BGR))
+        writer.release()
+        return path
+    import imageio.v2 as imageio  # no mp4 encoder here: fall back to an animated gif
+
+    gif = path.with_suffix(".gif")
+    imageio.mimsave(gif, list(frames), duration=1 / fps)
+    return gif
+
+
+def _run_batch(
+    actor,
+    definition: TaskDefinition,
+    jobs: Sequence[RolloutJob],
+    image_size: int,
+    env_options: dict,
+    max_steps: int,
+    video_dir: Path | None,
+    seed: int,
+) -> list[dict[str, Any]]:
+    envs = [definition.make_env(j.env_id, j.object_id, image_size=image_size, **env_options) for j in jobs]
+    try:
+        histories = {i: [env.reset(job.seed)] for i, (env, job) in enumerate(zip(envs, jobs, strict=True))}
+        for i, (env, job) in enumerate(zip(envs, jobs, strict=True)):
+            actor.start(i, env, job.seed)
+        check_spec(actor, definition, histories[0][0])
+        queues: dict[int, list[np.ndarray]] = {i: [] for i in histories}
+        frames = {i: [env.render()] for i, (env, job) in enumerate(zip(envs, jobs, strict=True)) if job.video}
+        active = {i for i, env in enumerate(envs) if not env.success()}
+        step = 0
+        while active and step < max_steps:
+            need = sorted(i for i in active if not queues[i])
+            if need:
+                for i, chunk in zip(need, actor.chunks(need, histories, seed + step), strict=True):
+                    queues[i] = list(chunk)
+            for i in sorted(active):
+                histories[i].append(envs[i].step(queues[i].pop(0)))
+                if i in frames:
+                    frames[i].append(envs[i].render())
+                if envs[i].success() or envs[i].steps >= max_steps:
+                    active.discard(i)
+            step += 1
+        rows = []
+        for i, (env, job) in enumerate(zip(envs, jobs, strict=True)):
+            stages = env.stages()
+            stage_score = env.stage_score()
+            row = {
+                "rollout_index": job.rollout_index,
+                "env_id": job.env_id,
+                "object_id": job.object_id,
+                "seed": job.seed,
+                **{f"stage_{k + 1}": bool(done) for k, done in enumerate(stages)},
+                "stage_score": stage_score,
+                "max_stage_score": env.n_stages,
+                "score": stage_score / env.n_stages,
+                "success": bool(env.success()),
+                "steps": int(env.steps),
+            }
+            if i in frames and video_dir is not None:
+                video_dir.mkdir(parents=True, exist_ok=True)
+                row["video"] = str(
+                    _write_video(
+                        video_dir / f"rollout_{job.rollout_index}.mp4", frames[i], definition.rate_hz
+                    )
+                )
+            rows.append(row)
+        return rows
+    finally:
+        for env in envs:
+            env.close()
+
+
+def _run_jobs(
+    policy_ref,
+    task: str,
+    jobs: list[RolloutJob],
+    image_size: int,
+    env_options: dict,
+    max_steps: int,
+    video_dir: str | None,
+    seed: int,
+    batch_size: int,
+    device: str,
+    progress: bool = False,
+) -> list[dict[str, Any]]:
+    os.environ.setdefault("MUJOCO_GL", "egl")
+    try:
+        import torch
+
+        torch.set_num_threads(1 if not progress else torch.get_num_threads())
+    except ImportError:  # pragma: no cover
+        pass
+    actor = _resolve_policy(policy_ref, device=device)
+    definition = get_task(task)
+    rows: list[dict[str, Any]] = []
+    from tqdm.auto import tqdm
+
+    bar = tqdm(total=len(jobs), desc=f"eval {task}", unit="rollout", disable=not progress)
+    for start in range(0, len(jobs), batch_size):
+        batch = jobs[start : start + batch_size]
+        rows += _run_batch(
+            actor,
+            definition,
+            batch,
+            image_size,
+            env_options,
+            max_steps,
+            Path(video_dir) if video_dir else None,
+            seed + start,
+        )
+        bar.update(len(batch))
+    bar.close()
+    return rows
+
+
+def _rollout_seed(seed: int, env_id: int, object_id: int, episode: int) -> int:
+    return int(np.random.default_rng([0xE7A1, int(seed), env_id, object_id, episode]).integers(0, 2**31 - 1))
+
+
+def evaluate(
+    policy,
+    task: str,
+    split: str = "unseen",
+    n_envs: int = 10,
+    n_objects: int = 1,
+    episodes: int = 1,
+    workers: int = 1,
+    out_dir: str | os.PathLike | None = None,
+    seed: int = 0,
+    video_episodes: int = 2,
+    image_size: int | None = None,
+    env_options: dict | None = None,
+    max_steps: int | None = None,
+    batch_size: int = DEFAULT_BATCH,
+    device: str = "cpu",
+    progress: bool = True,
+) -> EvalResult:
+    """Roll ``policy`` out on the first ``n_envs`` x ``n_objects`` pairs of ``split``.
+
+    ``policy`` is a checkpoint path (loaded with ``demoscale.policies.load_policy``), an already
+    loaded Policy, or ``"expert"`` (the task's scripted expert). ``episodes`` is the number of
+    rollouts per (environment, object) pair, so ``n_rollouts = n_envs * n_objects * episodes``.
+    The image size defaults to the policy's training size (96 for the expert). A policy whose
+    observation keys/shapes or action size do not fit the task raises :class:`SpecMismatchError`
+    before any rollout; unknown tasks and ids outside the documented ranges raise too.
+    """
+    definition = get_task(task)
+    if min(n_envs, n_objects, episodes) < 1:
+        raise ValueError("n_envs, n_objects and episodes must all be >= 1")
+    envs, objects = env_ids(split, n_envs), object_ids(split, n_objects)
+    actor = _resolve_policy(policy, device=device)
+    if image_size is None:
+        image_size = (policy_image_size(actor.policy) if isinstance(actor, _PolicyActor) else None) or 96
+    env_options = dict(env_options or {})
+    max_steps = int(max_steps or definition.max_steps)
+    # Check the spec on one environment before anything long runs.
+    probe = definition.make_env(envs[0], objects[0], image_size=image_size, **env_options)
+    try:
+        check_spec(actor, definition, probe.reset(0))
+    finally:
+        probe.close()
+
+    jobs, index = [], 0
+    for e in envs:
+        for o in objects:
+            for k in range(episodes):
+                jobs.append(RolloutJob(index, e, o, _rollout_seed(seed, e, o, k), index < video_episodes))
+                index += 1
+    video_dir = str(Path(out_dir) / "videos") if out_dir is not None and video_episodes > 0 else None
+    started = time.perf_counter()
+    policy_ref = (
+        policy if isinstance(actor, _ExpertActor) or isinstance(policy, str | os.PathLike) else actor.policy
+    )
+    if workers <= 1:
+        rows = _run_jobs(
+            policy_ref,
+            definition.name,
+            jobs,
+            image_size,
+            env_options,
+            max_steps,
+            video_dir,
+            seed,
+            batch_size,
+            device,
+            progress=progress,
+        )
+    else:
+        shares = [jobs[w::workers] for w in range(workers) if jobs[w::workers]]
+        with ProcessPoolExecutor(max_workers=len(shares), mp_context=get_context("spawn")) as pool:
+            futures = [
+                pool.submit(
+                    _run_jobs,
+                    policy_ref,
+                    definition.name,
+                    share,
+                    image_size,
+                    env_options,
+                    max_steps,
+                    video_dir,
+                    seed,
+                    batch_size,
+                    device,
+                )
+                for share in shares
+            ]
+            rows = [row for future in futures for row in future.result()]
+    wall = time.perf_counter() - started
+    rollouts = pd.DataFrame(rows).sort_values("rollout_index").reset_index(drop=True)
+    summary = {
+        "task": definition.name,
+        "split": split,
+        "policy": actor.name,
+        "n_envs": n_envs,
+        "n_objects": n_objects,
+        "episodes_per_pair": episodes,
+        **summarise(rollouts),
+        "mean_steps": float(rollouts["steps"].mean()),
+        "image_size": image_size,
+        "seed": seed,
+        "wall_time_s": wall,
+        "env_ids": envs,
+        "object_ids": objects,
+    }
+    written = None
+    if out_dir is not None:
+        out = Path(out_dir)
+        out.mkdir(parents=True, exist_ok=True)
+        rollouts.to_csv(out / "rollouts.csv", index=False)
+        (out / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
+        written = str(out)
+    return EvalResult(rollouts=rollouts, summary=summary, out_dir=written)
