@@ -24,7 +24,7 @@ def _common(parser: argparse.ArgumentParser, ids: bool = True, manifest: bool = 
             "--manifest", help="CSV with columns source, env_id, object_id, task, operator (per-file ids)"
         )
     parser.add_argument(
-        "--image-codec", choices=["jpeg", "png", "jpegxl"], help="image codec of a new store (default: jpeg)"
+        "--image-codec", choices=["jpeg", "png", "jpegxl"], help="image codec of a new store (default: jpeg; png for replay buffers)"
     )
     parser.add_argument("--workers", type=int, default=1, help="processes for decoding/encoding (default 1)")
     parser.add_argument("--dry-run", action="store_true", help="validate and report; do not touch the store")
@@ -67,6 +67,7 @@ def build_parser() -> argparse.ArgumentParser:
     replay.add_argument("--rate-hz", type=float, default=10.0, help="frame rate (default 10)")
     replay.add_argument("--max-episodes", type=int, help="ingest only the first N episodes")
     _common(replay)
+    replay.set_defaults(image_codec="png")  # lossless: stored frames equal the source's
     return parser
 
 

@@ -26,6 +26,10 @@ import numpy as np
 Loader = Callable[[Any, bool], tuple[dict[str, np.ndarray], dict[str, list[bytes]] | None]]
 
 
+# Episodes whose environment or object nobody named form one environment / one object, id "0".
+UNKNOWN_ID = "0"
+
+
 class IngestError(Exception):
     """A source cannot be ingested; the message names the file, key and episode."""
 
@@ -328,8 +332,8 @@ def write_plans(
                     store = open_or_create_store(location, features, image_codec)
                 index = store.append_episode(
                     arrays,
-                    env_id=plan.env_id,
-                    object_id=plan.object_id,
+                    env_id=plan.env_id or UNKNOWN_ID,
+                    object_id=plan.object_id or UNKNOWN_ID,
                     task=plan.task,
                     operator=plan.operator,
                     source=plan.source,

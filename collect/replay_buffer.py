@@ -138,7 +138,7 @@ def ingest_replay_buffer(
     task: str | None = None,
     operator: str | None = None,
     rate_hz: float = DEFAULT_RATE_HZ,
-    image_codec: str | None = None,
+    image_codec: str | None = "png",
     max_episodes: int | None = None,
     workers: int = 1,
     dry_run: bool = False,
@@ -146,7 +146,9 @@ def ingest_replay_buffer(
 ) -> IngestSummary:
     """Ingest a diffusion_policy replay buffer (directory or ``.zarr.zip``) into ``store``.
 
-    Keys are kept as they are; image arrays become uint8 (exactly, or an IngestError). ``env_id``,
+    Keys are kept as they are; image arrays become uint8 (exactly, or an IngestError). A new store
+    gets the lossless ``png`` image codec unless ``image_codec`` says otherwise, so that the stored
+    frames equal the source's. ``env_id``,
     ``object_id``, ``task`` and ``operator`` label every episode. ``max_episodes`` ingests only the
     first episodes (and validates only those: nothing else is written).
     """

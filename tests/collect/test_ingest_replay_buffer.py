@@ -1,0 +1,143 @@
+"""diffusion_policy replay buffers: the real PushT data, zipped buffers, and bad image values."""
+
+from __future__ import annotations
+
+import shutil
+import zipfile
+
+import numpy as np
+import pytest
+import zarr
+from demoscale.collect import IngestError, ingest_replay_buffer
+from demoscale.collect.cli import main as cli_main
+from demoscale.datasets import EpisodeStore
+from numcodecs import Blosc
+
+PUSHT_LOW_DIM = ("state", "keypoint", "n_contacts", "action")
+
+
+def _compare_with_source(store: EpisodeStore, source, n_frames: int) -> None:
+    np.testing.assert_array_equal(
+        store.read("img", 0, n_frames), source["data/img"][:n_frames].astype(np.uint8)
+    )
+    for key in PUSHT_LOW_DIM:
+        stored = store.read(key, 0, n_frames)
+        assert stored.dtype == source[f"data/{key}"].dtype
+        np.testing.assert_array_equal(stored, source[f"data/{key}"][:n_frames])
+
+
+def test_pusht_first_episodes(tmp_path, pusht_replay_path):
+    summary = ingest_replay_buffer(
+        pusht_replay_path,
+        tmp_path / "store",
+        env_id="0",
+        object_id="0",
+        task="pusht",
+        max_episodes=3,
+        progress=False,
+    )
+    source = zarr.open_group(str(pusht_replay_path), mode="r")
+    ends = source["meta/episode_ends"][:3]
+    assert (summary.episodes_written, summary.frames_written) == (10, int(ends[-1]))
+    store = EpisodeStore.open(tmp_path / "store")
+    store.validate()
+    assert store.n_episodes == 3 and list(store.episode_ends) == list(ends)
+    assert store.features["img"].kind == "image" and store.features["img"].dtype == "uint8"
+    assert store.features["keypoint"].shape == (9, 2)
+    _compare_with_source(store, source, int(ends[-1]))
+
+
+@pytest.mark.slow
+def test_pusht_full_ingest(tmp_path, pusht_replay_path):
+    summary = ingest_replay_buffer(
+        pusht_replay_path, tmp_path / "store", task="pusht", workers=2, progress=False
+    )
+    assert (summary.episodes_written, summary.frames_written) == (206, 25_650)
+    store = EpisodeStore.open(tmp_path / "store")
+    store.validate()
+    assert (store.n_episodes, store.n_frames) == (206, 25_650)
+    source = zarr.open_group(str(pusht_replay_path), mode="r")
+    np.testing.assert_array_equal(store.episode_ends, source["meta/episode_ends"][:])
+    _compare_with_source(store, source, 25_650)
+    again = ingest_replay_buffer(pusht_replay_path, tmp_path / "store", progress=False)
+    assert (again.episodes_written, again.episodes_skipped) == (0, 206)
+
+
+def _write_buffer(path, images, lengths, rng):
+    root = zarr.open_group(str(path), mode="w", zarr_format=2)
+    ends = np.cumsum(lengths).astype(np.int64)
+    root.create_group("meta").create_array("episode_ends", data=ends, chunks=ends.shape, compressor=None)
+    data = root.create_group("data")
+    compressor = Blosc(cname="zstd", clevel=5, shuffle=Blosc.BITSHUFFLE)
+    data.create_array("img", data=images, chunks=(7, *images.shape[1:]), compressor=compressor)
+    data.create_array(
+        "state",
+        data=rng.normal(size=(len(images), 5)).astype(np.float32),
+        chunks=(7, 5),
+        compressor=compressor,
+    )
+    data.create_array(
+        "action",
+        data=rng.normal(size=(len(images), 2)).astype(np.float32),
+        chunks=(7, 2),
+        compressor=compressor,
+    )
+    return path
+
+
+def test_zipped_buffer_and_dry_run(tmp_path):
+    rng = np.random.default_rng(6)
+    images = rng.integers(0, 256, size=(23, 16, 16, 3)).astype(np.float32)
+    folder = _write_buffer(tmp_path / "buffer.zarr", images, [8, 15], rng)
+    zipped = tmp_path / "buffer.zarr.zip"
+    with zipfile.ZipFile(zipped, "w", compression=zipfile.ZIP_STORED) as archive:
+        for file in sorted(folder.rglob("*")):
+            if file.is_file():
+                archive.write(file, file.relative_to(folder).as_posix())
+    dry = ingest_replay_buffer(zipped, tmp_path / "store", dry_run=True, progress=False)
+    assert (dry.episodes_written, dry.frames_written) == (2, 23) and not (tmp_path / "store").exists()
+    assert (
+        cli_main(
+            [
+                "replay-buffer",
+                str(zipped),
+                "--store",
+                str(tmp_path / "store"),
+                "--image-codec",
+                "png",
+                "--no-progress",
+            ]
+        )
+        == 0
+    )
+    store = EpisodeStore.open(tmp_path / "store")
+    np.testing.assert_array_equal(store.read("img", 0, 23), images.astype(np.uint8))  # PNG: lossless
+    assert store.episodes["source"][1].endswith("buffer.zarr.zip#episode=1")
+
+
+@pytest.mark.parametrize(
+    ("corrupt", "message"),
+    [
+        (
+            lambda images: images.__setitem__((20, 3, 3, 0), 12.5),
+            r"key 'img', episode 1: image values are not integral",
+        ),
+        (lambda images: images.__setitem__((19, 0, 0, 2), 256.0), r"key 'img', episode 1: image values span"),
+        (lambda images: images.__setitem__((18, 1, 1, 1), np.nan), r"key 'img'.*NaN"),
+    ],
+)
+def test_bad_image_values_fail_half_way_and_write_nothing(tmp_path, snapshot, corrupt, message):
+    rng = np.random.default_rng(7)
+    good = _write_buffer(
+        tmp_path / "good.zarr", rng.integers(0, 256, size=(10, 8, 8, 3)).astype(np.float32), [10], rng
+    )
+    ingest_replay_buffer(good, tmp_path / "store", progress=False)
+    before = snapshot(tmp_path / "store")
+    images = rng.integers(0, 256, size=(23, 8, 8, 3)).astype(np.float32)
+    corrupt(images)
+    bad = _write_buffer(tmp_path / "bad.zarr", images, [8, 15], rng)
+    with pytest.raises(IngestError, match=message) as raised:
+        ingest_replay_buffer(bad, tmp_path / "store", progress=False)
+    assert "bad.zarr" in str(raised.value)
+    assert snapshot(tmp_path / "store") == before
+    shutil.rmtree(bad)
