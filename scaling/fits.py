@@ -485,9 +485,9 @@ def fit_law(
     linear_residuals = y - linear_design @ np.linalg.lstsq(linear_design, y, rcond=None)[0]
     ols = None
     if method == "loglog":
-        import statsmodels.api as sm
+        from statsmodels.regression.linear_model import OLS
 
-        ols = sm.OLS(y, linear_design).fit()
+        ols = OLS(y, linear_design).fit()
         point = np.array([ols.params[1], math.exp(ols.params[0])])
         names: tuple[str, ...] = ("alpha", "beta")
         model, loss_used, scale = None, None, None

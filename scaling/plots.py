@@ -151,14 +151,15 @@ def plot_laws(
     seed: int = 0,
     extrapolate: float = 4.0,
     name: str = "scaling_laws",
+    separate: bool = True,
 ) -> list[Path]:
     """Draw one log-log panel per axis present (environments, objects, pairs, demos per pair).
 
     Each panel shows the trials, the mean per axis value with a Wilson interval (pooled rollouts) or
     a normal interval over trials, each fitted law with its bootstrap band and fitted equation, and
     the extrapolation region (up to ``extrapolate`` x the largest tested value) shaded. Writes
-    ``<name>.png`` and ``<name>.svg`` (all panels) and ``<name>_<axis>.png/.svg`` per panel; returns
-    the paths written.
+    ``<name>.png`` and ``<name>.svg`` (all panels) and, when ``separate``, ``<name>_<axis>.png/.svg``
+    per panel; returns the paths written.
     """
     results = as_results_table(table, rollouts)
     out_dir = Path(out_dir)
@@ -188,6 +189,18 @@ def plot_laws(
     if not panels:
         raise ResultsError(f"{results.source}: nothing to plot ({'; '.join(skipped) or 'no axis varies'})")
 
+    with plt.rc_context({"svg.fonttype": "none"}):  # SVG text stays text: smaller, searchable, faster
+        return _render(panels, out_dir, name, separate, extrapolate, confidence)
+
+
+def _render(
+    panels: list[tuple[str, list[LawFit]]],
+    out_dir: Path,
+    name: str,
+    separate: bool,
+    extrapolate: float,
+    confidence: float,
+) -> list[Path]:
     written: list[Path] = []
     figure, grid_axes = plt.subplots(1, len(panels), figsize=(6.4 * len(panels), 5.2), squeeze=False)
     for ax, (axis, fits) in zip(grid_axes[0], panels, strict=True):
@@ -201,7 +214,7 @@ def plot_laws(
         figure.savefig(path, dpi=150)
         written.append(path)
     plt.close(figure)
-    for axis, fits in panels:
+    for axis, fits in panels if separate else []:
         figure, ax = plt.subplots(figsize=(6.8, 5.2))
         _draw_panel(ax, axis, fits, extrapolate, confidence)
         figure.tight_layout()

@@ -40,6 +40,6 @@ def draw_table(
     return pd.DataFrame(trials), pd.DataFrame(rollouts)
 
 
-@pytest.fixture
+@pytest.fixture(scope="session")
 def synthetic() -> Callable[..., tuple[pd.DataFrame, pd.DataFrame]]:
     return draw_table

@@ -1,0 +1,28 @@
+"""Plots: one log-log panel per axis present, written as PNG and SVG."""
+
+from __future__ import annotations
+
+import pandas as pd
+from demoscale.scaling import plot_laws
+
+
+def test_plots_written_as_png_and_svg(tmp_path, synthetic):
+    by_envs, rollouts = synthetic(lambda x, d: 0.05 + 0.6 * x**-0.5, [1, 2, 4, 8, 16, 32], seeds=2)
+    by_objects, _ = synthetic(lambda x, d: 0.2 + 0.4 * x**-0.3, [1, 2, 4, 8])
+    by_objects = by_objects.assign(
+        trial_id="o" + by_objects["trial_id"], n_objects=by_objects["n_envs"], n_envs=1.0
+    )
+    table = pd.concat([by_envs, by_objects], ignore_index=True)
+    table.loc[len(by_envs) - 1, "score"] = 1.0  # a perfect trial goes through the 0/1 rule
+    # All panels in one figure (rendering is the slow part; per-axis files are checked below).
+    paths = plot_laws(table, tmp_path / "plots", n_bootstrap=100, separate=False)
+    assert [path.name for path in paths] == ["scaling_laws.png", "scaling_laws.svg"]
+    for path in paths:
+        assert path.exists() and path.stat().st_size > 20_000, path
+    assert paths[0].read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    svg = paths[1].read_text()
+    assert "<svg" in svg and "extrapolation" in svg
+    # One panel per axis that varies: environments, objects, pairs (demos per pair never varies here).
+    for label in ("Training environments", "Objects per environment", "Environment-object pairs"):
+        assert label in svg
+    assert "Demonstrations per pair" not in svg
