@@ -301,12 +301,10 @@ def _run_jobs(
     progress: bool = False,
 ) -> list[dict[str, Any]]:
     os.environ.setdefault("MUJOCO_GL", "egl")
-    try:
-        import torch
+    if not progress and not (isinstance(policy_ref, str) and policy_ref == "expert"):
+        import torch  # worker processes share the cores: one thread each
 
-        torch.set_num_threads(1 if not progress else torch.get_num_threads())
-    except ImportError:  # pragma: no cover
-        pass
+        torch.set_num_threads(1)
     actor = _resolve_policy(policy_ref, device=device)
     definition = get_task(task)
     rows: list[dict[str, Any]] = []

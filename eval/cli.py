@@ -1,0 +1,108 @@
+"""``demoscale eval``: roll out a checkpoint (or the scripted expert), or import real-robot scores.
+
+demoscale eval CHECKPOINT|expert --task TASK [--split unseen|train] --envs N --objects M
+               --episodes E [--workers W] --out DIR
+demoscale eval import-scores FILE.csv --out RESULTS
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+
+
+def _eval_parser() -> argparse.ArgumentParser:
+    from demoscale.eval.tasks import task_names
+
+    parser = argparse.ArgumentParser(
+        prog="demoscale eval",
+        description="Roll out CHECKPOINT (or 'expert') on simulated pairs; writes rollouts.csv, summary.json "
+        "and a few videos. 'demoscale eval import-scores --help' imports real-robot score files.",
+    )
+    parser.add_argument("policy", help="checkpoint path, or 'expert' for the task's scripted expert")
+    parser.add_argument("--task", required=True, help=f"one of: {', '.join(task_names())}")
+    parser.add_argument("--split", default="unseen", choices=["unseen", "train"])
+    parser.add_argument("--envs", type=int, default=10, help="environments (first ids of the split)")
+    parser.add_argument("--objects", type=int, default=1, help="objects per environment")
+    parser.add_argument("--episodes", type=int, default=1, help="rollouts per (environment, object) pair")
+    parser.add_argument("--workers", type=int, default=1)
+    parser.add_argument("--out", default=None, help="output directory (rollouts.csv, summary.json, videos/)")
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--videos", type=int, default=2, help="number of rollouts to save as videos")
+    parser.add_argument("--image-size", type=int, default=None, help="default: the policy's training size")
+    parser.add_argument("--cameras", nargs="+", default=None, help="tabletop cameras, e.g. wrist or scene")
+    parser.add_argument("--batch-size", type=int, default=8, help="environments stepped in lockstep")
+    parser.add_argument("--device", default="cpu")
+    return parser
+
+
+def _scores_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="demoscale eval import-scores",
+        description="Turn a real-robot score CSV (columns in eval/README.md) into results.csv + rollouts.csv.",
+    )
+    parser.add_argument("file", help="CSV with one row per real-robot rollout")
+    parser.add_argument("--out", required=True, help="output directory")
+    return parser
+
+
+def main(argv: list[str]) -> int:
+    if argv and argv[0] == "import-scores":
+        args = _scores_parser().parse_args(argv[1:])
+        from demoscale.eval.scores import ScoreFileError, import_scores
+
+        try:
+            results, rollouts = import_scores(args.file, args.out)
+        except ScoreFileError as error:
+            print(f"demoscale eval import-scores: {error}", file=sys.stderr)
+            return 2
+        print(f"{len(results)} run(s), {len(rollouts)} rollout(s) -> {args.out}/results.csv, rollouts.csv")
+        print(
+            results[["trial_id", "n_envs", "n_objects", "score", "success_rate", "n_rollouts"]].to_string(
+                index=False
+            )
+        )
+        return 0
+
+    args = _eval_parser().parse_args(argv)
+    os.environ.setdefault("MUJOCO_GL", "egl")
+    from demoscale.eval.ids import IdRangeError
+    from demoscale.eval.rollout import SpecMismatchError, evaluate
+    from demoscale.eval.tasks import UnknownTaskError
+
+    if args.policy != "expert" and not os.path.exists(args.policy):
+        print(f"demoscale eval: checkpoint {args.policy} does not exist (or pass 'expert')", file=sys.stderr)
+        return 2
+    try:
+        result = evaluate(
+            args.policy,
+            args.task,
+            split=args.split,
+            n_envs=args.envs,
+            n_objects=args.objects,
+            episodes=args.episodes,
+            workers=args.workers,
+            out_dir=args.out,
+            seed=args.seed,
+            video_episodes=args.videos if args.out else 0,
+            image_size=args.image_size,
+            env_options={"cameras": args.cameras} if args.cameras else None,
+            batch_size=args.batch_size,
+            device=args.device,
+        )
+    except (UnknownTaskError, IdRangeError, SpecMismatchError, ValueError) as error:
+        print(f"demoscale eval: {error}", file=sys.stderr)
+        return 2
+    s = result.summary
+    print(
+        f"{s['task']} ({s['split']}): score {s['score']:.3f} [{s['score_ci_low']:.3f}, {s['score_ci_high']:.3f}], "
+        f"success {s['success_rate']:.3f} [{s['success_ci_low']:.3f}, {s['success_ci_high']:.3f}] "
+        f"over {s['n_rollouts']} rollouts"
+    )
+    if args.out:
+        print(f"wrote {args.out}/rollouts.csv, summary.json" + (", videos/" if args.videos else ""))
+    else:
+        print(json.dumps({k: v for k, v in s.items() if k not in ("env_ids", "object_ids")}))
+    return 0
