@@ -24,7 +24,9 @@ def _common(parser: argparse.ArgumentParser, ids: bool = True, manifest: bool = 
             "--manifest", help="CSV with columns source, env_id, object_id, task, operator (per-file ids)"
         )
     parser.add_argument(
-        "--image-codec", choices=["jpeg", "png", "jpegxl"], help="image codec of a new store (default: jpeg; png for replay buffers)"
+        "--image-codec",
+        choices=["jpeg", "png", "jpegxl"],
+        help="image codec of a new store (default: jpeg; png for replay buffers)",
     )
     parser.add_argument("--workers", type=int, default=1, help="processes for decoding/encoding (default 1)")
     parser.add_argument("--dry-run", action="store_true", help="validate and report; do not touch the store")
@@ -59,7 +61,9 @@ def build_parser() -> argparse.ArgumentParser:
 
     robomimic = formats.add_parser("robomimic", help="a robomimic HDF5 file")
     robomimic.add_argument("src", help="the .hdf5 file")
-    robomimic.add_argument("--rate-hz", type=float, default=20.0, help="control rate (default 20)")
+    robomimic.add_argument(
+        "--rate-hz", type=float, help="control rate (default: the file's control_freq, else 20)"
+    )
     _common(robomimic)
 
     replay = formats.add_parser("replay-buffer", help="a diffusion_policy replay buffer (.zarr or .zarr.zip)")
