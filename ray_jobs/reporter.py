@@ -1,0 +1,128 @@
+"""Tune callbacks of the driver: the results-table writer and a calm live table of trials."""
+
+from __future__ import annotations
+
+import sys
+import time
+from typing import Any
+
+from demoscale.ray_jobs.results import ResultsTable
+from ray.tune import Callback
+
+
+class ResultsWriter(Callback):
+    """Adds each trial's row and rollouts to the results table the moment the trial completes."""
+
+    def __init__(self, table: ResultsTable) -> None:
+        self.table = table
+        self.written: list[str] = []
+        self.failed: dict[str, str] = {}
+
+    def on_trial_complete(self, iteration: int, trials: list, trial: Any, **info: Any) -> None:
+        result = trial.last_result or {}
+        if "row" not in result:
+            return
+        self.table.add_trial(result["row"], result.get("rollouts") or [])
+        self.written.append(result["row"]["trial_id"])
+
+    def on_trial_error(self, iteration: int, trials: list, trial: Any, **info: Any) -> None:
+        self.failed[_trial_id(trial)] = str(
+            getattr(trial, "error_file", None) or "see the trial's error file"
+        )
+
+
+def _trial_id(trial: Any) -> str:
+    return str(trial.config.get("point", {}).get("trial_id", trial.trial_id))
+
+
+class LiveTable(Callback):
+    """A table of trials (running/finished/failed, score) and the best score so far.
+
+    On a terminal it redraws in place with rich; otherwise it prints one line per change of state.
+    """
+
+    def __init__(self, total: int, skipped: int = 0, stream: Any = None) -> None:
+        self.total = total
+        self.skipped = skipped
+        self.stream = stream or sys.stdout
+        self.state: dict[str, str] = {}
+        self.scores: dict[str, float] = {}
+        self.retries: dict[str, int] = {}
+        self.started = time.perf_counter()
+        self.live = None
+        if getattr(self.stream, "isatty", lambda: False)():
+            from rich.console import Console
+            from rich.live import Live
+
+            self.live = Live(
+                self._render(), console=Console(file=self.stream), refresh_per_second=2, transient=False
+            )
+            self.live.start()
+
+    def _counts(self) -> dict[str, int]:
+        counts = {"running": 0, "finished": 0, "failed": 0, "retrying": 0}
+        for state in self.state.values():
+            counts[state] += 1
+        return counts
+
+    def _best(self) -> str:
+        if not self.scores:
+            return "best score: -"
+        best = max(self.scores, key=self.scores.get)
+        return f"best score: {self.scores[best]:.3f} ({best})"
+
+    def _summary(self) -> str:
+        c = self._counts()
+        pending = self.total - sum(c.values())
+        return (
+            f"[{time.perf_counter() - self.started:6.0f}s] trials: {c['finished']} finished, {c['running']} running, "
+            f"{c['retrying']} retrying, {c['failed']} failed, {pending} pending"
+            + (f", {self.skipped} already done" if self.skipped else "")
+            + f" | {self._best()}"
+        )
+
+    def _render(self) -> Any:
+        from rich.table import Table
+
+        table = Table(title=self._summary(), title_justify="left")
+        for column in ("trial", "state", "score", "retries"):
+            table.add_column(column)
+        for trial, state in self.state.items():
+            score = self.scores.get(trial)
+            table.add_row(
+                trial, state, "" if score is None else f"{score:.3f}", str(self.retries.get(trial, 0))
+            )
+        return table
+
+    def _changed(self, trial: Any, state: str) -> None:
+        name = _trial_id(trial)
+        self.state[name] = state
+        if self.live is not None:
+            self.live.update(self._render())
+        else:
+            score = self.scores.get(name)
+            detail = f" score={score:.3f}" if score is not None else ""
+            print(f"{name}: {state}{detail}  {self._summary()}", file=self.stream, flush=True)
+
+    def on_trial_start(self, iteration: int, trials: list, trial: Any, **info: Any) -> None:
+        self._changed(trial, "running")
+
+    def on_trial_recover(self, iteration: int, trials: list, trial: Any, **info: Any) -> None:
+        name = _trial_id(trial)
+        self.retries[name] = self.retries.get(name, 0) + 1
+        self._changed(trial, "retrying")
+
+    def on_trial_complete(self, iteration: int, trials: list, trial: Any, **info: Any) -> None:
+        score = (trial.last_result or {}).get("score")
+        if score is not None:
+            self.scores[_trial_id(trial)] = float(score)
+        self._changed(trial, "finished")
+
+    def on_trial_error(self, iteration: int, trials: list, trial: Any, **info: Any) -> None:
+        self._changed(trial, "failed")
+
+    def close(self) -> None:
+        if self.live is not None:
+            self.live.update(self._render())
+            self.live.stop()
+            self.live = None

@@ -1,0 +1,216 @@
+"""One trial: train on the planned subset (resuming from the last checkpoint), evaluate, report.
+
+The trial runs inside a Ray worker. Its working folder ``<output>/trials/<trial_id>/`` is a
+function of the trial id alone, so a retried trial (Tune's ``max_failures``) and a resumed sweep
+(``--resume``) both find the checkpoints an earlier attempt wrote there and continue from the last.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import signal
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from demoscale.ray_jobs.config import SweepConfig
+
+# Keys of the training config that a trial sets (dotted paths understood by demoscale.policies.train).
+EPISODES_KEY = "data.episodes"
+STORE_KEY = "data.store"
+MAX_STEPS_KEY = "trainer.max_steps"
+SEED_KEY = "seed_everything"
+ROOT_DIR_KEY = "trainer.default_root_dir"
+CKPT_EVERY_KEY = "checkpoint.every_n_train_steps"
+CKPT_DIR_KEY = "checkpoint.dirpath"
+CKPT_PATH_KEY = "ckpt_path"
+
+LAST_CHECKPOINT = "last.ckpt"
+
+
+@dataclass
+class TrialRuntime:
+    """What every trial of one sweep shares; travels to the workers through the object store."""
+
+    config: SweepConfig
+    output: str  # absolute path or URL of the sweep's output folder
+    train_fn: Callable[..., Any] | None = None  # default: demoscale.policies.train
+    evaluate_fn: Callable[..., Any] | None = None  # default: demoscale.eval.evaluate
+
+
+def trial_dir(output: str, trial_id: str) -> str:
+    return output.rstrip("/") + "/trials/" + trial_id
+
+
+def last_checkpoint(folder: str) -> str | None:
+    """The trial's ``checkpoints/last.ckpt`` if an earlier attempt wrote one, else None.
+
+    Training saves ``step*.ckpt`` and then refreshes ``last.ckpt``; resuming goes through
+    ``ckpt_path="last"``, which Lightning resolves to that file in the checkpoint folder.
+    """
+    path = Path(folder) / "checkpoints" / LAST_CHECKPOINT
+    return str(path) if path.is_file() and path.stat().st_size > 0 else None
+
+
+def _attr(obj: Any, *names: str, default: Any = None) -> Any:
+    """First present field among ``names`` of a dataclass/object or a mapping."""
+    for name in names:
+        if isinstance(obj, dict) and name in obj:
+            return obj[name]
+        if not isinstance(obj, dict) and hasattr(obj, name):
+            return getattr(obj, name)
+    return default
+
+
+def _kill_after_first_checkpoint(folder: str, marker: Path, stop: threading.Event) -> None:
+    """Testing aid: once a checkpoint appears, mark the attempt and SIGKILL this worker process."""
+
+    def watch() -> None:
+        while not stop.is_set():
+            if last_checkpoint(folder) is not None:
+                marker.write_text(
+                    json.dumps({"killed_at": time.time(), "checkpoint": last_checkpoint(folder)})
+                )
+                os.kill(os.getpid(), signal.SIGKILL)
+            time.sleep(0.05)
+
+    threading.Thread(target=watch, daemon=True, name="fault-injection").start()
+
+
+def _log_attempt(folder: Path, entry: dict[str, Any]) -> int:
+    """Append this attempt to ``attempts.jsonl``; return its 1-based number."""
+    log = folder / "attempts.jsonl"
+    previous = log.read_text().splitlines() if log.exists() else []
+    entry = {**entry, "attempt": len(previous) + 1}
+    with open(log, "a") as handle:
+        handle.write(json.dumps(entry) + "\n")
+    return entry["attempt"]
+
+
+def offline_score(loss: float) -> float:
+    """Validation loss -> a score in (0, 1]: ``exp(-loss)``; for small losses ``1 - score ~ loss``."""
+    return float(math.exp(-max(float(loss), 0.0)))
+
+
+def run_trial(point: dict[str, Any], runtime: TrialRuntime) -> dict[str, Any]:
+    """Train and evaluate one grid point; returns ``{"score", "row", "rollouts"}``."""
+    config = runtime.config
+    started = time.perf_counter()
+    folder = trial_dir(runtime.output, point["trial_id"])
+    local = "://" not in folder or folder.startswith("file://")
+    local_folder = Path(folder.removeprefix("file://"))
+    if local:
+        local_folder.mkdir(parents=True, exist_ok=True)
+    resume_from = last_checkpoint(str(local_folder)) if local else None
+    if local:
+        _log_attempt(local_folder, {"started": time.time(), "resume_from": resume_from, "pid": os.getpid()})
+
+    injected = config.fault_injection.kill_after_first_checkpoint
+    marker = local_folder / "fault_injected.json"
+    stop_watching = threading.Event()
+    if local and injected and ("*" in injected or point["trial_id"] in injected) and not marker.exists():
+        _kill_after_first_checkpoint(str(local_folder), marker, stop_watching)
+
+    policy = config.policies[point["policy"]]
+    overrides = {
+        **policy.overrides,
+        STORE_KEY: config.resolve(config.store),
+        EPISODES_KEY: list(point["episode_indices"]),
+        MAX_STEPS_KEY: int(point["train_steps"]),
+        SEED_KEY: int(point["seed"]),
+        ROOT_DIR_KEY: folder,
+        CKPT_EVERY_KEY: int(config.budget.checkpoint_every_steps),
+        CKPT_DIR_KEY: folder + "/checkpoints",
+    }
+    if resume_from:
+        overrides[CKPT_PATH_KEY] = "last"
+    train_fn = runtime.train_fn
+    if train_fn is None:
+        from demoscale.policies import train as train_fn
+    try:
+        trained = train_fn(config.resolve(policy.config), overrides=overrides)
+    except SystemExit as err:  # the Lightning CLI exits on bad arguments; fail the trial, not the worker
+        raise RuntimeError(
+            f"trial {point['trial_id']}: training with {config.resolve(policy.config)} exited ({err.code}); "
+            f"overrides: {sorted(overrides)}"
+        ) from None
+    finally:
+        stop_watching.set()
+    checkpoint = str(_attr(trained, "checkpoint_path"))
+
+    rollouts: list[dict[str, Any]] = []
+    spec = config.eval
+    if spec.mode == "offline":
+        metrics = _attr(trained, "metrics", default={}) or {}
+        if spec.metric not in metrics:
+            raise KeyError(
+                f"trial {point['trial_id']}: offline evaluation needs metric '{spec.metric}' from training, "
+                f"which reported {sorted(metrics)}"
+            )
+        score = offline_score(float(metrics[spec.metric]))
+        summary = {"success_rate": float("nan"), "ci_low": float("nan"), "ci_high": float("nan"), "n": 0}
+    else:
+        evaluate_fn = runtime.evaluate_fn
+        if evaluate_fn is None:
+            from demoscale.eval import evaluate as evaluate_fn
+        evaluated = evaluate_fn(
+            checkpoint,
+            task=spec.task,
+            split=spec.split,
+            n_envs=spec.n_envs,
+            n_objects=spec.n_objects,
+            episodes=spec.episodes,
+            workers=spec.workers,
+            out_dir=folder + "/eval",
+            seed=spec.seed,
+        )
+        frame = _attr(evaluated, "rollouts")
+        rollouts = [] if frame is None else frame.reset_index(drop=True).to_dict("records")
+        for index, rollout in enumerate(rollouts):
+            rollout["rollout_index"] = index
+        raw = _attr(evaluated, "summary", default={}) or {}
+        score = float(_attr(raw, "score", "mean_score"))
+        summary = {
+            "success_rate": float(_attr(raw, "success_rate")),
+            "ci_low": float(_attr(raw, "success_ci_low", "success_rate_ci_low")),
+            "ci_high": float(_attr(raw, "success_ci_high", "success_rate_ci_high")),
+            "n": int(_attr(raw, "n_rollouts", default=len(rollouts))),
+        }
+
+    row = {
+        "trial_id": point["trial_id"],
+        "policy": point["policy"],
+        "n_envs": point["n_envs"],
+        "n_objects": point["n_objects"],
+        "n_pairs": point["n_pairs"],
+        "demos_per_pair": point["demos_per_pair"],
+        "total_demos": point["total_demos"],
+        "seed": point["seed"],
+        "score": score,
+        "success_rate": summary["success_rate"],
+        "success_ci_low": summary["ci_low"],
+        "success_ci_high": summary["ci_high"],
+        "n_rollouts": summary["n"],
+        "env_ids": list(point["env_ids"]),
+        "object_ids": list(point["object_ids"]),
+        "train_steps": int(_attr(trained, "steps", default=point["train_steps"])),
+        "samples_seen": int(_attr(trained, "samples_seen", default=0)),
+        "wall_time_s": time.perf_counter() - started,
+        "checkpoint": checkpoint,
+    }
+    if local:
+        (local_folder / "row.json").write_text(json.dumps(row, default=str, indent=1))
+    return {"score": score, "row": row, "rollouts": rollouts}
+
+
+def tune_trainable(params: dict[str, Any], runtime: TrialRuntime) -> None:
+    """The Tune function trainable: one report at the end, carrying the row and its rollouts."""
+    from ray import tune
+
+    outcome = run_trial(params["point"], runtime)
+    tune.report({"score": outcome["score"], "row": outcome["row"], "rollouts": outcome["rollouts"]})
