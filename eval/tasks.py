@@ -24,6 +24,8 @@ import numpy as np
 TASKS: dict[str, str] = {
     "push": "demoscale.eval.tabletop.tasks:PUSH",
     "pick_place": "demoscale.eval.tabletop.tasks:PICK_PLACE",
+    "fetch_shelf": "demoscale.eval.wholebody.tasks:FETCH_SHELF",
+    "pusht": "demoscale.eval.pusht:PUSHT",
 }
 
 

@@ -1,0 +1,167 @@
+"""The whole-body task ``fetch_shelf`` as a registry entry, and its JoyLo recording writer.
+
+``fetch_shelf``: drive the mobile base to a shelf, raise and bend the torso to the board's height
+(it varies with the environment), grasp the object with the right hand, carry it to a table and
+place it there. Stages: base at the shelf; object lifted off the board in the hand; object carried
+over the table; object resting on the table, released (= success).
+
+Recordings are raw JoyLo files (one HDF5 per episode, docs/formats.md section 4) written with
+:func:`demoscale.collect.joylo.write_joylo_episode`, so ``demoscale ingest joylo`` takes them in.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+from demoscale.eval.tasks import TaskDefinition
+from demoscale.eval.wholebody.env import STAGES, WholeBodyConfig, WholeBodyEnv
+
+_CONFIG_FIELDS = set(WholeBodyConfig.__dataclass_fields__)
+
+
+def make_fetch_shelf_env(env_id: int, object_id: int, image_size: int = 96, **options: Any) -> WholeBodyEnv:
+    """A ``fetch_shelf`` environment; ``options`` are :class:`WholeBodyConfig` fields."""
+    unknown = set(options) - _CONFIG_FIELDS
+    if unknown:
+        raise TypeError(
+            f"unknown fetch_shelf options {sorted(unknown)}; expected some of {sorted(_CONFIG_FIELDS)}"
+        )
+    for key in ("cameras", "point_cloud_cameras", "crop_min", "crop_max"):
+        if key in options:
+            options[key] = tuple(options[key])
+    return WholeBodyEnv(env_id, object_id, WholeBodyConfig(image_size=image_size, **options))
+
+
+def _rotate_yaw(orientation_xyzw: np.ndarray, vectors: np.ndarray) -> np.ndarray:
+    """Rotate base-frame (x, y) vectors into the odometry frame by the quaternions' yaw."""
+    x, y, z, w = np.moveaxis(np.asarray(orientation_xyzw, np.float64), -1, 0)
+    yaw = np.arctan2(2 * (w * z + x * y), 1 - 2 * (y * y + z * z))
+    c, s = np.cos(yaw), np.sin(yaw)
+    return np.stack([c * vectors[:, 0] - s * vectors[:, 1], s * vectors[:, 0] + c * vectors[:, 1]], axis=1)
+
+
+def episode_to_joylo(episode: Mapping[str, np.ndarray], rate_hz: float = 10.0) -> dict[str, np.ndarray]:
+    """One recorded episode (store keys + ``action`` -> time-major arrays) in the raw JoyLo layout.
+
+    Joint velocities/efforts come from the ``joylo_*`` observation keys where present; otherwise
+    velocities are finite differences and efforts zero.
+    """
+    f32 = np.float32
+    proprio = np.asarray(episode["proprio"], f32)
+    action = np.asarray(episode["action"], f32)
+    length = len(proprio)
+    if action.shape != (length, 21):
+        raise ValueError(f"episode action has shape {action.shape}, expected ({length}, 21)")
+    joints = np.concatenate([proprio[:, 3:7], proprio[:, 7:13], proprio[:, 14:20]], axis=1)
+    velocity = episode.get("joylo_joint_velocity")
+    if velocity is None:
+        velocity = np.gradient(joints, axis=0) * rate_hz if length > 1 else np.zeros_like(joints)
+    effort = episode.get("joylo_joint_effort", np.zeros_like(joints))
+    grippers = proprio[:, [13, 20]]
+    gripper_velocity = episode.get("joylo_gripper_velocity")
+    if gripper_velocity is None:
+        gripper_velocity = np.gradient(grippers, axis=0) * rate_hz if length > 1 else np.zeros_like(grippers)
+    gripper_effort = episode.get("joylo_gripper_effort", np.zeros_like(grippers))
+    out: dict[str, np.ndarray] = {}
+    for part, columns in (("torso", slice(0, 4)), ("left_arm", slice(4, 10)), ("right_arm", slice(10, 16))):
+        out[f"obs/joint_state/{part}/joint_position"] = joints[:, columns]
+        out[f"obs/joint_state/{part}/joint_velocity"] = np.asarray(velocity, f32)[:, columns]
+        out[f"obs/joint_state/{part}/joint_effort"] = np.asarray(effort, f32)[:, columns]
+    for index, side in enumerate(("left_gripper", "right_gripper")):
+        group = f"obs/gripper_state/{side}"
+        out[f"{group}/gripper_position"] = grippers[:, index]
+        out[f"{group}/gripper_velocity"] = np.asarray(gripper_velocity, f32)[:, index]
+        out[f"{group}/gripper_effort"] = np.asarray(gripper_effort, f32)[:, index]
+    orientation = np.asarray(episode["odom_orientation"], f32)
+    base_velocity = np.asarray(episode["odom_base_velocity"], f32)
+    out["obs/odom/position"] = np.asarray(episode["odom_position"], f32)
+    out["obs/odom/orientation"] = orientation
+    linear = np.zeros((length, 3), f32)
+    linear[:, :2] = _rotate_yaw(orientation, base_velocity[:, :2])
+    angular = np.zeros((length, 3), f32)
+    angular[:, 2] = base_velocity[:, 2]
+    out["obs/odom/linear_velocity"] = linear
+    out["obs/odom/angular_velocity"] = angular
+    if "pointcloud_xyz" in episode:
+        out["obs/point_cloud/fused/xyz"] = np.asarray(episode["pointcloud_xyz"], f32)
+        out["obs/point_cloud/fused/rgb"] = np.asarray(episode["pointcloud_rgb"], np.uint8)
+        out["obs/point_cloud/fused/padding_mask"] = np.asarray(episode["pointcloud_mask"], bool)
+    for camera in ("head", "left_wrist", "right_wrist"):
+        if f"{camera}_rgb" in episode:
+            out[f"obs/rgb/{camera}/img"] = np.asarray(episode[f"{camera}_rgb"], np.uint8)
+    parts = (("mobile_base", 0, 3), ("torso", 3, 7), ("left_arm", 7, 13), ("left_gripper", 13, 14))
+    parts += (("right_arm", 14, 20), ("right_gripper", 20, 21))
+    for name, start, stop in parts:
+        values = action[:, start:stop]
+        out[f"action/{name}"] = values[:, 0] if stop - start == 1 else values
+    return out
+
+
+def write_joylo_demos(
+    directory: Path, episodes: Sequence[Mapping[str, np.ndarray]], rate_hz: float = 10.0
+) -> list[Path]:
+    """Write each episode as ``episode_<k>.h5`` (raw JoyLo) in ``directory``; numbering continues
+    after files already there, so repeated calls add episodes."""
+    from demoscale.collect.joylo import write_joylo_episode
+
+    directory = Path(directory)
+    directory.mkdir(parents=True, exist_ok=True)
+    taken = {
+        int(p.stem.split("_")[1]) for p in directory.glob("episode_*.h5") if p.stem.split("_")[1].isdigit()
+    }
+    index = max(taken, default=-1) + 1
+    paths = []
+    for episode in episodes:
+        attrs = {"record_freq": float(rate_hz), "robot": "galaxea_r1_sim", "task": "fetch_shelf"}
+        for sensor in ("joint_state", "gripper_state", "odom", "point_cloud", "rgb"):
+            attrs[f"{sensor}_freq"] = float(rate_hz)
+        path = directory / f"episode_{index}.h5"
+        paths.append(write_joylo_episode(path, episode_to_joylo(episode, rate_hz), attrs))
+        index += 1
+    return paths
+
+
+def run_expert_episode(env: WholeBodyEnv, seed: int) -> tuple[dict[str, np.ndarray], bool]:
+    """Reset ``env`` with ``seed``, run the scripted expert until success (+ 3 settling steps) or
+    the step limit; returns (episode: store keys + ``action``, time-major; success)."""
+    obs = env.reset(seed)
+    expert = env.expert(seed)
+    frames, actions, after_success = [], [], 0
+    for _ in range(env.max_steps):
+        action = expert.act(obs)
+        frames.append(obs)
+        actions.append(action.astype(np.float32))
+        obs = env.step(action)
+        if env.success():
+            after_success += 1
+            if after_success > 3:
+                break
+    episode = {key: np.stack([frame[key] for frame in frames]) for key in frames[0]}
+    episode["action"] = np.stack(actions)
+    return episode, env.success()
+
+
+FETCH_SHELF = TaskDefinition(
+    name="fetch_shelf",
+    family="wholebody",
+    make_env=make_fetch_shelf_env,
+    write_demos=write_joylo_demos,
+    low_dim_features={
+        "proprio": (21,),
+        "odom_base_velocity": (3,),
+        "odom_position": (3,),
+        "odom_orientation": (4,),
+        "pointcloud_xyz": (WholeBodyConfig.n_points, 3),
+        "pointcloud_rgb": (WholeBodyConfig.n_points, 3),
+        "pointcloud_mask": (WholeBodyConfig.n_points,),
+    },
+    image_keys=("head_rgb",),
+    action_dim=21,
+    max_steps=WholeBodyConfig.max_steps,
+    n_stages=len(STAGES),
+    description="drive to a shelf, raise the torso, grasp the object, place it on a table (whole body, JoyLo)",
+    extras={"source_format": "joylo", "stages": STAGES},
+)

@@ -1,0 +1,106 @@
+"""PushT adapter: observations as the real replay buffer recorded them, coverage, replayed demos."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import zarr
+from demoscale.eval import IdRangeError, get_task, make_env
+from demoscale.eval.pusht import SUCCESS_COVERAGE, ReplayEpisodes
+
+
+@pytest.fixture(scope="module")
+def replay(pusht_replay_path) -> ReplayEpisodes:
+    return ReplayEpisodes(pusht_replay_path)
+
+
+def test_observation_matches_recorded_frames(pusht_replay_path, replay: ReplayEpisodes) -> None:
+    root = zarr.open_group(str(pusht_replay_path), mode="r")
+    env = get_task("pusht").make_env(0, 0)
+    env.reset(0)
+    for frame in (0, 1000, 5000):
+        recorded_state = replay.state[frame]
+        env.set_state(recorded_state)
+        obs = env.observe()
+        assert obs["img"].shape == (96, 96, 3) and obs["img"].dtype == np.uint8
+        assert obs["state"].shape == (5,) and obs["state"].dtype == np.float32
+        np.testing.assert_allclose(obs["state"][:4], recorded_state[:4], atol=0.05)
+        recorded_img = np.asarray(root["data/img"][frame])
+        # Same orientation and scale: pixel values agree to within rounding.
+        assert np.abs(obs["img"].astype(np.float32) - recorded_img).mean() < 1.0
+        # A transposed or flipped image would not.
+        assert np.abs(obs["img"].transpose(1, 0, 2).astype(np.float32) - recorded_img).mean() > 3.0
+    env.close()
+
+
+def test_replayed_human_episode_follows_the_recording(replay: ReplayEpisodes) -> None:
+    env = make_env("pusht", 1, 0, seed=0, replay_path=replay.path)
+    start, stop = replay.bounds(1)
+    np.testing.assert_allclose(env.observe()["state"][:4], replay.state[start, :4], atol=1e-3)
+    expert = env.expert(0)
+    obs = env.observe()
+    for frame in range(start, stop):
+        obs = env.step(expert.act(obs))
+        if frame + 1 < stop:
+            np.testing.assert_allclose(obs["state"][:4], replay.state[frame + 1, :4], atol=1.0)
+    assert expert.done
+    # The human pushed the T most of the way onto the goal: a real coverage, stages 1-3 reached.
+    assert 0.8 < env.coverage <= 1.0 and env.max_coverage >= env.coverage
+    assert env.stages()[:3] == [True, True, True]
+    assert env.success() == (env.coverage >= SUCCESS_COVERAGE)
+
+
+def test_coverage_is_full_on_the_goal_and_low_away_from_it() -> None:
+    env = get_task("pusht").make_env(3, 0)
+    env.reset(0)
+    env.set_state([100, 100, 256, 256, np.pi / 4])  # block exactly on the goal pose
+    env.step(np.array([100.0, 100.0]))
+    assert env.coverage > 0.99 and env.success() and env.stages() == [True] * 4
+    env.reset(1)
+    env.set_state([400, 100, 120, 420, 0.0])
+    env.step(np.array([400.0, 100.0]))
+    assert env.coverage < 0.2 and not env.success()
+
+
+def test_ids_seed_the_initial_pose_and_bad_input_is_rejected(replay: ReplayEpisodes) -> None:
+    a = make_env("pusht", 5, 0, seed=2).observe()["state"]
+    b = make_env("pusht", 5, 0, seed=2).observe()["state"]
+    c = make_env("pusht", 1_000_005, 0, seed=2).observe()["state"]
+    np.testing.assert_array_equal(a, b)
+    assert not np.allclose(a, c)
+    with pytest.raises(IdRangeError):
+        make_env("pusht", 20_000, 0)
+    with pytest.raises(ValueError, match="episodes"):
+        make_env("pusht", 5_000, 0, replay_path=replay.path)
+    env = make_env("pusht", 5, 0)
+    with pytest.raises(ValueError, match="replay_path"):
+        env.expert(0)
+    with pytest.raises(ValueError, match="shape"):
+        env.step(np.zeros(3))
+    with pytest.raises(TypeError, match="options"):
+        make_env("pusht", 5, 0, n_points=3)
+
+
+@pytest.mark.slow  # the shared rollout loop imports torch: ~20-40 s on a loaded machine
+def test_shared_evaluate_runs_the_replay_expert(replay: ReplayEpisodes, tmp_path) -> None:
+    from demoscale.eval import evaluate
+
+    result = evaluate(
+        "expert",
+        "pusht",
+        split="train",
+        n_envs=1,
+        n_objects=1,
+        episodes=1,
+        out_dir=tmp_path,
+        video_episodes=0,
+        env_options={"replay_path": str(replay.path)},
+        max_steps=len(replay.actions(0)) + 5,
+        progress=False,
+    )
+    rollouts = result.rollouts
+    assert len(rollouts) == 1 and rollouts["env_id"].tolist() == [0]
+    # The replayed human demo pushes the T onto the goal (coverage >= 75%; the rollout stops early
+    # if the block settles to >= 95%).
+    assert rollouts["score"].iloc[0] >= 0.75 and rollouts["steps"].iloc[0] <= len(replay.actions(0)) + 5
+    assert result.summary["n_rollouts"] == 1 and (tmp_path / "rollouts.csv").exists()
