@@ -1,0 +1,276 @@
+"""Raw UMI sessions: ingestion straight from ``dataset_plan.pkl`` and the GoPro videos.
+
+Session layout::
+
+    <session>/dataset_plan.pkl                 list of episodes (below)
+    <session>/demos/demo_<serial>_<time>/raw_video.mp4 (+ imu_data.json, camera_trajectory.csv, ...)
+
+Each plan episode is a dict with ``episode_timestamps`` (N,), ``grippers`` (one dict per robot with
+``tcp_pose`` (N, 6) = position + axis-angle, ``gripper_width`` (N,), ``demo_start_pose`` (6,),
+``demo_end_pose`` (6,)) and ``cameras`` (one dict per camera with ``video_path``, relative to
+``demos/`` or to the session, and ``video_start_end`` = the [start, end) frame range).
+
+Frames are decoded with OpenCV, centre-cropped to a square and resized (area interpolation) to
+``resolution`` x ``resolution``; the stored keys are those of the zip path (``camera{i}_rgb``,
+``robot{i}_*`` and the next-frame ``action``). The plan is a pickle: ingest only sessions you trust.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import pickle
+import time
+from collections.abc import Mapping
+from pathlib import Path
+
+import numpy as np
+from demoscale.collect.ingest import ContentHash, EpisodePlan, IngestError, IngestSummary, write_plans
+from demoscale.collect.sources import SourceIds, ids_from_layout
+from demoscale.collect.umi import next_pose_action, umi_features
+from tqdm import tqdm
+
+PLAN_NAME = "dataset_plan.pkl"
+
+
+def _video_path(session: Path, video_path: str) -> Path:
+    candidate = Path(video_path)
+    if candidate.is_absolute():
+        return candidate
+    for base in (session / "demos", session):
+        if (base / candidate).is_file():
+            return base / candidate
+    return session / "demos" / candidate
+
+
+def _file_sha256(path: Path) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as handle:
+        for block in iter(lambda: handle.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+def _frame_count(path: Path) -> int:
+    import cv2
+
+    capture = cv2.VideoCapture(str(path))
+    try:
+        if not capture.isOpened():
+            raise IngestError(f"{path}: OpenCV cannot open the video")
+        return int(capture.get(cv2.CAP_PROP_FRAME_COUNT))
+    finally:
+        capture.release()
+
+
+def read_video_frames(path: str | os.PathLike, start: int, end: int, resolution: int) -> np.ndarray:
+    """Frames [start, end) of a video as (N, resolution, resolution, 3) uint8 RGB, centre-cropped."""
+    import cv2
+
+    capture = cv2.VideoCapture(str(path))
+    if not capture.isOpened():
+        raise IngestError(f"{path}: OpenCV cannot open the video")
+    frames = np.empty((end - start, resolution, resolution, 3), np.uint8)
+    try:
+        # Read sequentially from the start: seeking by frame index is not exact for every codec.
+        for index in range(end):
+            ok, frame = capture.read()
+            if not ok:
+                raise IngestError(f"{path}: video ends at frame {index}, the plan needs frames {start}:{end}")
+            if index < start:
+                continue
+            height, width = frame.shape[:2]
+            side = min(height, width)
+            top, left = (height - side) // 2, (width - side) // 2
+            square = frame[top : top + side, left : left + side]
+            resized = cv2.resize(square, (resolution, resolution), interpolation=cv2.INTER_AREA)
+            frames[index - start] = cv2.cvtColor(resized, cv2.COLOR_BGR2RGB)
+    finally:
+        capture.release()
+    return frames
+
+
+def _low_dim(episode: Mapping, where: str, index: int) -> dict[str, np.ndarray]:
+    """The robot arrays of one plan episode, checked."""
+    try:
+        grippers = list(episode["grippers"])
+        timestamps = np.asarray(episode["episode_timestamps"])
+    except (KeyError, TypeError) as error:
+        raise IngestError(f"{where}: episode {index}: missing {error} in the plan") from error
+    length = len(timestamps)
+    if length == 0 or not grippers:
+        raise IngestError(f"{where}: episode {index}: no timestamps or no grippers")
+    arrays: dict[str, np.ndarray] = {}
+    for robot, gripper in enumerate(grippers):
+        try:
+            pose = np.asarray(gripper["tcp_pose"], np.float64)
+            width = np.asarray(gripper["gripper_width"], np.float64).reshape(-1, 1)
+            start_pose = np.asarray(gripper["demo_start_pose"], np.float64).reshape(6)
+            end_pose = np.asarray(gripper["demo_end_pose"], np.float64).reshape(6)
+        except (KeyError, ValueError, TypeError) as error:
+            raise IngestError(f"{where}: key 'grippers[{robot}]', episode {index}: {error}") from error
+        if pose.shape != (length, 6) or len(width) != length:
+            raise IngestError(
+                f"{where}: key 'grippers[{robot}].tcp_pose', episode {index}: shapes {pose.shape} / {width.shape} "
+                f"do not match {length} timestamps"
+            )
+        arrays[f"robot{robot}_eef_pos"] = pose[:, :3].astype(np.float32)
+        arrays[f"robot{robot}_eef_rot_axis_angle"] = pose[:, 3:].astype(np.float32)
+        arrays[f"robot{robot}_gripper_width"] = width.astype(np.float32)
+        arrays[f"robot{robot}_demo_start_pose"] = np.repeat(start_pose[None], length, axis=0)
+        arrays[f"robot{robot}_demo_end_pose"] = np.repeat(end_pose[None], length, axis=0)
+    for key, values in arrays.items():
+        finite = np.isfinite(values).all(axis=1)
+        if not finite.all():
+            frame = int(np.flatnonzero(~finite)[0])
+            raise IngestError(
+                f"{where}: key {key!r}, episode {index}: NaN or infinite value at frame {frame}"
+            )
+    return arrays
+
+
+def plan_session(session: Path, ids: SourceIds, resolution: int, rate_hz: float | None, progress: bool):
+    """Validate a whole session; return (features, plans)."""
+    plan_path = session / PLAN_NAME
+    if not plan_path.is_file():
+        raise IngestError(f"{session}: no {PLAN_NAME}: not a UMI session")
+    try:
+        with open(plan_path, "rb") as handle:
+            plan = pickle.load(handle)
+    except Exception as error:
+        raise IngestError(f"{plan_path}: cannot be unpickled (truncated or corrupt?): {error}") from error
+    if not isinstance(plan, list | tuple) or not plan:
+        raise IngestError(f"{plan_path}: expected a non-empty list of episodes, got {type(plan).__name__}")
+    where = str(plan_path)
+    video_hashes: dict[Path, str] = {}
+    frame_counts: dict[Path, int] = {}
+    plans, layout = [], None
+    for index, episode in enumerate(
+        tqdm(plan, desc=f"validate {session.name}", unit="episode", disable=not progress)
+    ):
+        arrays = _low_dim(episode, where, index)
+        length = len(arrays["robot0_eef_pos"])
+        cameras = []
+        for camera, entry in enumerate(episode.get("cameras") or []):
+            try:
+                video = _video_path(session, str(entry["video_path"])).resolve()
+                start, end = (int(v) for v in entry["video_start_end"])
+            except (KeyError, TypeError, ValueError) as error:
+                raise IngestError(f"{where}: key 'cameras[{camera}]', episode {index}: {error}") from error
+            if not video.is_file():
+                raise IngestError(
+                    f"{where}: key 'cameras[{camera}]', episode {index}: video {video} is missing"
+                )
+            if end - start != length:
+                raise IngestError(
+                    f"{where}: key 'cameras[{camera}].video_start_end', episode {index}: {end - start} frames "
+                    f"but {length} timestamps"
+                )
+            if video not in frame_counts:
+                frame_counts[video] = _frame_count(video)
+                video_hashes[video] = _file_sha256(video)
+            if start < 0 or end > frame_counts[video]:
+                raise IngestError(
+                    f"{where}: key 'cameras[{camera}].video_start_end', episode {index}: frames {start}:{end} "
+                    f"outside the video's {frame_counts[video]} frames ({video})"
+                )
+            cameras.append((str(video), start, end))
+        robots = sorted({int(key[5 : key.index("_")]) for key in arrays})
+        episode_layout = (tuple(robots), len(cameras))
+        if layout is not None and episode_layout != layout:
+            raise IngestError(
+                f"{where}: episode {index} has {episode_layout} robots/cameras, episode 0 {layout}"
+            )
+        layout = episode_layout
+        if rate_hz is None:
+            steps = np.diff(np.asarray(episode["episode_timestamps"], np.float64))
+            if len(steps) and np.median(steps) > 0:
+                rate_hz = round(float(1.0 / np.median(steps)), 2)
+        digest = ContentHash()
+        for key in sorted(arrays):
+            digest.array(key, arrays[key])
+        for video, start, end in cameras:
+            digest.raw("video", f"{video_hashes[Path(video)]}:{start}:{end}:{resolution}".encode())
+        plans.append(
+            EpisodePlan(
+                source=f"{plan_path}#episode={index}",
+                sha256=digest.hexdigest(),
+                length=length,
+                load_args={
+                    "plan": str(plan_path),
+                    "index": index,
+                    "cameras": cameras,
+                    "resolution": resolution,
+                },
+                env_id=ids.env_id,
+                object_id=ids.object_id,
+                task=ids.task,
+                operator=ids.operator,
+            )
+        )
+    robots, n_cameras = layout
+    features = umi_features(robots, {i: (resolution, resolution) for i in range(n_cameras)}, rate_hz or 60.0)
+    return features, plans
+
+
+_PLANS: dict[str, list] = {}
+
+
+def load_session_episode(args: Mapping, want_encoded: bool):
+    """Loader for one planned session episode: decodes and resizes the video frames."""
+    key = f"{os.getpid()}:{args['plan']}"
+    if key not in _PLANS:
+        with open(args["plan"], "rb") as handle:
+            _PLANS[key] = pickle.load(handle)
+    index = args["index"]
+    arrays = _low_dim(_PLANS[key][index], args["plan"], index)
+    for camera, (video, start, end) in enumerate(args["cameras"]):
+        arrays[f"camera{camera}_rgb"] = read_video_frames(video, start, end, args["resolution"])
+    robots = sorted({int(k[5 : k.index("_")]) for k in arrays if k.startswith("robot")})
+    arrays["action"] = next_pose_action(arrays, robots)
+    return arrays, None
+
+
+def ingest_umi_session(
+    src: str | os.PathLike,
+    store: str | os.PathLike,
+    *,
+    resolution: int = 224,
+    env_id: str | None = None,
+    object_id: str | None = None,
+    task: str | None = None,
+    operator: str | None = None,
+    rate_hz: float | None = None,
+    image_codec: str | None = None,
+    workers: int = 1,
+    dry_run: bool = False,
+    progress: bool = True,
+) -> IngestSummary:
+    """Ingest a raw UMI session directory (``dataset_plan.pkl`` + ``demos/*/raw_video.mp4``).
+
+    Same keys as :func:`~demoscale.collect.ingest_umi`; frames are decoded (in ``workers``
+    processes), centre-cropped and resized to ``resolution``. env/object/task come from a
+    ``<task>/env_<i>/object_<j>/`` layout above the session unless given. ``rate_hz`` defaults to
+    the plan's timestamps. The whole plan and every video's frame range are checked first.
+    """
+    started = time.perf_counter()
+    session = Path(src).resolve()
+    if not session.is_dir():
+        raise IngestError(f"{session}: not a session directory")
+    # The session sits somewhere below <task>/env_<i>/object_<j>/: search its whole path.
+    ids = ids_from_layout(session / PLAN_NAME, Path(session.anchor)).override(
+        {"env_id": env_id, "object_id": object_id, "task": task, "operator": operator}
+    )
+    features, plans = plan_session(session, ids, resolution, rate_hz, progress)
+    return write_plans(
+        store,
+        features,
+        plans,
+        load_session_episode,
+        sources=[str(session / PLAN_NAME)],
+        image_codec=image_codec,
+        workers=workers,
+        dry_run=dry_run,
+        progress=progress,
+        started=started,
+    )
