@@ -33,8 +33,8 @@ CAMERAS = ("head", "left_wrist", "right_wrist")
 STAGES = ("reach_shelf", "grasp", "carry_to_table", "place")
 # Arms folded in front of the chest, clear of the shelf while driving.
 TUCKED_ARM = {
-    "left": np.array([0.9, -0.3, 0.0, -2.2, 0.0, 1.2]),
-    "right": np.array([0.9, 0.3, 0.0, -2.2, 0.0, 1.2]),
+    "left": np.array([1.3, -0.5, 0.0, -2.5, 0.0, 1.2]),
+    "right": np.array([1.3, 0.5, 0.0, -2.5, 0.0, 1.2]),
 }
 
 
@@ -126,7 +126,7 @@ class WholeBodyEnv:
         data.qpos[obj + 3 : obj + 7] = [np.cos(yaw / 2), 0, 0, np.sin(yaw / 2)]
         start = np.zeros(self.action_dim)
         start[7:13], start[14:20] = TUCKED_ARM["left"], TUCKED_ARM["right"]
-        start[13] = start[20] = 80.0
+        start[13], start[20] = 0.0, 80.0  # the left hand stays closed and tucked in this task
         for side, offset in (("left", 7), ("right", 14)):
             for name, value in zip(ARM_JOINTS[side], start[offset : offset + 6], strict=True):
                 data.qpos[self._qpos[name]] = value
