@@ -281,3 +281,16 @@ def test_uncommitted_tail_is_ignored(small_store: EpisodeStore, kit) -> None:
     final.validate()
     assert final.episode_ends.tolist()[-1] == 48
     np.testing.assert_array_equal(final.episode(6)["action"], kit.make_episode(6, 3)["action"])
+
+
+def test_direct_shard_reads_match_zarr_and_survive_rewrites(small_store: EpisodeStore, kit) -> None:
+    reader = EpisodeStore.open(small_store.location)
+    via_zarr = [bytes(b) for b in reader._root["data/camera0_rgb"][0:45]]
+    assert reader.read_encoded("camera0_rgb", 0, 45) == via_zarr
+    assert reader._shard_readers["camera0_rgb"] is not None  # the direct path was taken
+    # An append rewrites the (partly filled) shard file; the cached shard index must not go stale.
+    kit.append(small_store, 6, 9, "0", "10")
+    assert reader.read_encoded("camera0_rgb", 0, 45) == via_zarr
+    np.testing.assert_array_equal(
+        reader.read_frames("camera0_rgb", [44, 3]), small_store.read_frames("camera0_rgb", [44, 3])
+    )
