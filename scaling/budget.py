@@ -200,6 +200,11 @@ def recommend_budget(
     # -- the candidate grid -----------------------------------------------------------------------
     if fit.axis == "n_pairs":
         objects_options = np.array(fit.design.get("n_objects", (1.0,)), dtype=float)
+        if len(objects_options) > 1:
+            notes.append(
+                "a law over pairs counts a new object like a new environment; the scaling-laws study found "
+                "new environments generalise better (one unique object per environment)"
+            )
     else:
         objects_options = np.array([fit.held.get("n_objects", fit.design.get("n_objects", (1.0,))[0])], float)
     tested_demos = fit.held.get("demos_per_pair", (fit.design.get("demos_per_pair") or (math.nan,))[-1])
@@ -342,7 +347,7 @@ def _marginal_point(
     """Where marginal values are measured: the recommendation, else the largest tested design."""
     if best_index is not None:
         return float(envs[best_index]), float(objects[best_index]), float(demos[best_index])
-    n_objects = float(objects_options[0])
+    n_objects = float(objects_options.max())
     largest_envs = fit.x_max / n_objects if fit.axis == "n_pairs" else fit.x_max
     largest_demos = fit.demos_max if fit.method == "joint" else tested_demos
     return largest_envs, n_objects, largest_demos
