@@ -7,16 +7,17 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
+# collect_sim shares its name with its module: bind the function eagerly (the module is light) so
+# that importing the module elsewhere never replaces the function on the package.
+from demoscale.eval.collect_sim import collect_sim
 from demoscale.eval.ids import IdRangeError, env_id, env_ids, object_id, object_ids, split_of
 from demoscale.eval.tasks import TASKS, TaskDefinition, UnknownTaskError, get_task, make_env, task_names
 
 if TYPE_CHECKING:  # pragma: no cover
-    from demoscale.eval.collect_sim import collect_sim
     from demoscale.eval.rollout import EvalResult, evaluate, wilson_interval
     from demoscale.eval.scores import import_scores
 
 _LAZY = {
-    "collect_sim": "demoscale.eval.collect_sim",
     "evaluate": "demoscale.eval.rollout",
     "EvalResult": "demoscale.eval.rollout",
     "wilson_interval": "demoscale.eval.rollout",

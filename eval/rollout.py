@@ -18,7 +18,9 @@ interval, n_rollouts, ...) and ``videos/rollout_<k>.mp4`` for the first ``video_
 from __future__ import annotations
 
 import json
+import math
 import os
+import sys
 import time
 from collections.abc import Mapping, Sequence
 from concurrent.futures import ProcessPoolExecutor
@@ -40,18 +42,26 @@ class SpecMismatchError(ValueError):
 
 
 def wilson_interval(successes: int, n: int, confidence: float = 0.95) -> tuple[float, float]:
-    """Wilson score interval for a binomial proportion (``(nan, nan)`` when ``n`` is 0)."""
+    """Wilson score interval for a binomial proportion (``(nan, nan)`` when ``n`` is 0).
+
+    ``(p + z^2/2n -/+ z * sqrt(p(1-p)/n + z^2/4n^2)) / (1 + z^2/n)`` with ``z`` the two-sided normal
+    quantile; the same numbers as statsmodels' ``proportion_confint(method="wilson")``."""
     if n <= 0:
         return float("nan"), float("nan")
-    from statsmodels.stats.proportion import proportion_confint
+    from statistics import NormalDist
 
-    low, high = proportion_confint(int(successes), int(n), alpha=1 - confidence, method="wilson")
-    return float(low), float(high)
+    z = NormalDist().inv_cdf(0.5 + confidence / 2)
+    p = successes / n
+    denominator = 1 + z * z / n
+    centre = (p + z * z / (2 * n)) / denominator
+    half = z / denominator * math.sqrt(p * (1 - p) / n + z * z / (4 * n * n))
+    # Rounding can put an end a hair past p at p = 0 or 1.
+    return float(min(max(0.0, centre - half), p)), float(max(min(1.0, centre + half), p))
 
 
 def mean_interval(values: Sequence[float], confidence: float = 0.95) -> tuple[float, float]:
-    """Student-t interval for a mean (the mean itself twice when all values are equal)."""
-    from scipy import stats
+    """Student-t interval for a mean score, clipped to [0, 1] (the mean twice when there is no spread)."""
+    from scipy.special import stdtrit
 
     values = np.asarray(values, dtype=float)
     if len(values) == 0:
@@ -59,7 +69,8 @@ def mean_interval(values: Sequence[float], confidence: float = 0.95) -> tuple[fl
     mean = float(values.mean())
     if len(values) < 2 or float(values.std()) == 0.0:
         return mean, mean
-    half = stats.t.ppf(0.5 + confidence / 2, len(values) - 1) * stats.sem(values)
+    sem = float(values.std(ddof=1)) / math.sqrt(len(values))
+    half = float(stdtrit(len(values) - 1, 0.5 + confidence / 2)) * sem
     return max(0.0, mean - half), min(1.0, mean + half)
 
 
@@ -301,11 +312,9 @@ def _run_jobs(
     progress: bool = False,
 ) -> list[dict[str, Any]]:
     os.environ.setdefault("MUJOCO_GL", "egl")
-    if not progress and not (isinstance(policy_ref, str) and policy_ref == "expert"):
-        import torch  # worker processes share the cores: one thread each
-
-        torch.set_num_threads(1)
     actor = _resolve_policy(policy_ref, device=device)
+    if not progress and "torch" in sys.modules:
+        sys.modules["torch"].set_num_threads(1)  # worker processes share the cores: one thread each
     definition = get_task(task)
     rows: list[dict[str, Any]] = []
     from tqdm.auto import tqdm

@@ -1,0 +1,124 @@
+"""Rollout evaluation: tables, summaries with Wilson intervals, videos, policies and spec checks."""
+
+from __future__ import annotations
+
+import json
+import math
+
+import numpy as np
+import pandas as pd
+import pytest
+from demoscale.eval import evaluate, wilson_interval
+from demoscale.eval.cli import main as eval_main
+from demoscale.eval.rollout import SpecMismatchError
+
+
+def _wilson_by_hand(k: int, n: int, z: float = 1.959963984540054) -> tuple[float, float]:
+    p = k / n
+    centre = (p + z * z / (2 * n)) / (1 + z * z / n)
+    half = z / (1 + z * z / n) * math.sqrt(p * (1 - p) / n + z * z / (4 * n * n))
+    return centre - half, centre + half
+
+
+# Reference values from statsmodels' proportion_confint(k, n, alpha=0.05, method="wilson").
+WILSON_REFERENCE = {
+    (0, 10): (0.0, 0.27753279986288926),
+    (7, 8): (0.5291118177871466, 0.9775825085499434),
+    (50, 100): (0.4038315303659956, 0.5961684696340044),
+    (10, 10): (0.7224672001371106, 1.0),
+}
+
+
+@pytest.mark.parametrize(("k", "n"), sorted(WILSON_REFERENCE))
+def test_wilson_interval_math(k: int, n: int) -> None:
+    low, high = wilson_interval(k, n)
+    assert (low, high) == pytest.approx(WILSON_REFERENCE[(k, n)], abs=1e-12)
+    assert (low, high) == pytest.approx(_wilson_by_hand(k, n), abs=1e-9)
+    assert 0 <= low <= k / n <= high <= 1
+    assert all(math.isnan(v) for v in wilson_interval(0, 0))
+
+
+class HoldPolicy:
+    """A trivial learned-policy stand-in: repeats the current pose, records the windows it is given."""
+
+    def __init__(self, image_size: int, action_dim: int = 7) -> None:
+        self.obs_offsets = {"camera0_rgb": [-2, -1, 0], "robot0_eef_pos": [-1, 0]}
+        self.features = {
+            "camera0_rgb": {"kind": "image", "shape": [image_size, image_size, 3]},
+            "robot0_eef_pos": {"kind": "low_dim", "shape": [3]},
+        }
+        self.action_dim = action_dim
+        self.n_action_steps = 4
+        self.calls: list[dict[str, tuple]] = []
+
+    def predict_action_batch(self, windows, seed=None) -> np.ndarray:
+        self.calls.append({k: v.shape for k, v in windows.items()})
+        pos = windows["robot0_eef_pos"][:, -1]
+        chunk = np.concatenate([pos, np.zeros((len(pos), 3)), np.full((len(pos), 1), 0.08)], axis=1)
+        return np.repeat(chunk[:, None], 8, axis=1)
+
+
+def test_evaluate_expert_writes_rollouts_summary_and_videos(tmp_path) -> None:
+    result = evaluate("expert", "push", split="train", n_envs=2, n_objects=1, episodes=2, out_dir=tmp_path,
+                      image_size=32, video_episodes=1, progress=False)  # fmt: skip
+    rollouts = pd.read_csv(tmp_path / "rollouts.csv")
+    assert len(rollouts) == 4 and list(rollouts["env_id"].unique()) == [0, 1]
+    for column in (
+        "env_id",
+        "object_id",
+        "seed",
+        "stage_1",
+        "stage_2",
+        "stage_3",
+        "score",
+        "success",
+        "steps",
+    ):
+        assert column in rollouts.columns
+    assert rollouts["seed"].nunique() == 4
+    assert ((rollouts["score"] >= 0) & (rollouts["score"] <= 1)).all()
+    assert rollouts["success"].sum() >= 3
+    summary = json.loads((tmp_path / "summary.json").read_text())
+    k, n = int(rollouts["success"].sum()), len(rollouts)
+    assert summary["n_rollouts"] == 4 and summary["success_rate"] == pytest.approx(k / n)
+    assert (summary["success_ci_low"], summary["success_ci_high"]) == pytest.approx(_wilson_by_hand(k, n))
+    assert summary["score"] == pytest.approx(rollouts["score"].mean())
+    videos = list((tmp_path / "videos").iterdir())
+    assert len(videos) == 1 and videos[0].stat().st_size > 1000
+    assert result.summary["env_ids"] == [0, 1]
+
+
+def test_policy_windows_chunks_and_failures_are_scored(tmp_path) -> None:
+    policy = HoldPolicy(image_size=24)
+    result = evaluate(policy, "push", split="unseen", n_envs=2, n_objects=1, episodes=1, max_steps=9,
+                      video_episodes=0, progress=False)  # fmt: skip
+    # Both envs are batched in one call; a new chunk every 4 steps over 9 steps -> 3 calls.
+    assert len(policy.calls) == 3
+    assert policy.calls[0] == {"camera0_rgb": (2, 3, 24, 24, 3), "robot0_eef_pos": (2, 2, 3)}
+    rollouts = result.rollouts
+    assert list(rollouts["env_id"]) == [1_000_000, 1_000_001]
+    assert (rollouts["steps"] == 9).all() and not rollouts["success"].any()
+    assert (rollouts["score"] == 0).all()
+    assert result.summary["success_ci_low"] == 0.0
+
+
+def test_spec_mismatch_and_bad_inputs_fail_before_rollouts(tmp_path) -> None:
+    with pytest.raises(SpecMismatchError, match=r"expects shape \(96, 96, 3\)"):
+        evaluate(HoldPolicy(image_size=96), "push", n_envs=1, image_size=32, progress=False)
+    with pytest.raises(SpecMismatchError, match="21-dim actions"):
+        evaluate(HoldPolicy(image_size=32, action_dim=21), "push", n_envs=1, progress=False)
+    with pytest.raises(KeyError, match="unknown task"):
+        evaluate("expert", "stack", n_envs=1)
+    with pytest.raises(ValueError, match="outside the 'unseen' split"):
+        evaluate("expert", "push", n_envs=10_001)
+
+
+def test_eval_cli(tmp_path, capsys) -> None:
+    code = eval_main(["expert", "--task", "pick_place", "--split", "train", "--envs", "1", "--episodes", "1",
+                      "--image-size", "24", "--videos", "0", "--out", str(tmp_path)])  # fmt: skip
+    assert code == 0
+    assert "success" in capsys.readouterr().out
+    assert (tmp_path / "rollouts.csv").exists() and (tmp_path / "summary.json").exists()
+    assert eval_main(["missing.ckpt", "--task", "push"]) == 2
+    assert "does not exist" in capsys.readouterr().err
+    assert eval_main(["expert", "--task", "nope"]) == 2
