@@ -124,26 +124,6 @@ def write_joylo_demos(
     return paths
 
 
-def run_expert_episode(env: WholeBodyEnv, seed: int) -> tuple[dict[str, np.ndarray], bool]:
-    """Reset ``env`` with ``seed``, run the scripted expert until success (+ 3 settling steps) or
-    the step limit; returns (episode: store keys + ``action``, time-major; success)."""
-    obs = env.reset(seed)
-    expert = env.expert(seed)
-    frames, actions, after_success = [], [], 0
-    for _ in range(env.max_steps):
-        action = expert.act(obs)
-        frames.append(obs)
-        actions.append(action.astype(np.float32))
-        obs = env.step(action)
-        if env.success():
-            after_success += 1
-            if after_success > 3:
-                break
-    episode = {key: np.stack([frame[key] for frame in frames]) for key in frames[0]}
-    episode["action"] = np.stack(actions)
-    return episode, env.success()
-
-
 FETCH_SHELF = TaskDefinition(
     name="fetch_shelf",
     family="wholebody",
