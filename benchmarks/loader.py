@@ -126,7 +126,7 @@ def run_umi_style(path: str, indices: np.ndarray) -> float:
     import imagecodecs.numcodecs
     import zarr
 
-    imagecodecs.numcodecs.register_codecs()
+    imagecodecs.numcodecs.register_codecs(verbose=False)
     group = zarr.open_group(path, mode="r")
     camera = group["data/camera0_rgb"]
     actions = group["data/action"][:]  # low-dim in memory, as UMI's replay buffer does
@@ -162,7 +162,7 @@ def rss_child(path: str, n_batches: int) -> None:
     for i in range(n_batches):
         sampler.sample_many(indices[i * BATCH : (i + 1) * BATCH])
     after = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
-    print(json.dumps({"rss_before_mb": before, "peak_rss_mb": after}))
+    print(json.dumps({"peak_rss_after_imports_mb": before, "peak_rss_mb": after}))
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -240,7 +240,7 @@ def main(argv: list[str] | None = None) -> int:
         f"UMI-style {stores['umi_mb']:.1f} in {stores['umi_files']} files"
     )
     print(
-        f"sampler peak RSS {rss['peak_rss_mb']:.0f} MB (after imports {rss['rss_before_mb']:.0f} MB); "
+        f"sampler peak RSS {rss['peak_rss_mb']:.0f} MB (after imports {rss['peak_rss_after_imports_mb']:.0f} MB); "
         f"decoded store {decoded_store_mb:.0f} MB, decoded batch {result['sampler_rss_mb']['decoded_batch_mb']:.0f} MB"
     )
     return 0

@@ -272,7 +272,10 @@ class EpisodeStore:
             and any(Path(location).iterdir())
         ):
             raise StoreError(f"{location}: already exists (open it, or pass overwrite=True)")
-        root = zarr.open_group(zstore, mode="w" if overwrite else "w-", zarr_format=3)
+        try:
+            root = zarr.open_group(zstore, mode="w" if overwrite else "w-", zarr_format=3)
+        except FileExistsError:
+            raise StoreError(f"{location}: already exists (open it, or pass overwrite=True)") from None
         data = root.create_group("data")
         meta = root.create_group("meta")
         for key, spec in features.items():
@@ -354,19 +357,24 @@ class EpisodeStore:
     ) -> EpisodeStore:
         """Open a store for appending, creating it if absent; an existing one must have the same features."""
         location = os.fspath(location)
-        if _is_url(location) or not Path(location).exists() or not any(Path(location).iterdir()):
+        if _is_url(location):
             try:
-                return cls.create(location, features, image_codec, image_codec_options, image_shard_frames)
+                store = cls.open(location, mode="a")
             except StoreError:
-                if not _is_url(location):
-                    raise
-        store = cls.open(location, mode="a")
+                return cls.create(location, features, image_codec, image_codec_options, image_shard_frames)
+        elif not Path(location).exists() or not any(Path(location).iterdir()):
+            return cls.create(location, features, image_codec, image_codec_options, image_shard_frames)
+        else:
+            store = cls.open(location, mode="a")
         wanted = {
             k: (v if isinstance(v, FeatureSpec) else FeatureSpec.from_dict(v)) for k, v in features.items()
         }
         if store.features != wanted:
-            diff = sorted(set(store.features.items()) ^ set(wanted.items()))
-            raise StoreError(f"{location}: existing store has different features; differing: {diff}")
+            keys = sorted(
+                k for k in set(store.features) | set(wanted) if store.features.get(k) != wanted.get(k)
+            )
+            details = "; ".join(f"{k}: store {store.features.get(k)}, given {wanted.get(k)}" for k in keys)
+            raise StoreError(f"{location}: existing store has different features ({details})")
         return store
 
     # ------------------------------------------------------------------ state
