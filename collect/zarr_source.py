@@ -22,9 +22,13 @@ from demoscale.collect.ingest import IngestError
 
 def register_image_codecs() -> None:
     """Register imagecodecs' numcodecs codecs (JPEG-XL among them) in this process."""
+    from numcodecs.registry import codec_registry
+
+    if "imagecodecs_jpegxl" in codec_registry:  # registering all of them again costs ~0.3 s
+        return
     from imagecodecs.numcodecs import register_codecs
 
-    register_codecs(verbose=False)  # idempotent; quiet about codecs that are already registered
+    register_codecs(verbose=False)
 
 
 class RawGroup:
