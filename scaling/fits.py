@@ -214,8 +214,8 @@ class LawFit:
 
     # -- reporting ------------------------------------------------------------------------------
     def equation_text(self, digits: int = 3) -> str:
-        """The fitted equation with numbers, for legends and summaries."""
-        p = self.params
+        """The fitted equation with numbers, for legends and summaries (a floor below 1e-6 reads 0)."""
+        p = {k: (0.0 if k == "E" and abs(v) < 1e-6 else v) for k, v in self.params.items()}
         if self.method == "loglog":
             return f"1-s = {p['beta']:.{digits}g}·x^{p['alpha']:.{digits}g}"
         if self.method == "saturating":

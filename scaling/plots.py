@@ -155,7 +155,8 @@ def plot_laws(
 ) -> list[Path]:
     """Draw one log-log panel per axis present (environments, objects, pairs, demos per pair).
 
-    Each panel shows the trials, the mean per axis value with a Wilson interval (pooled rollouts) or
+    By default the pairs panel is drawn only when both environments and objects vary (otherwise it
+    repeats one of them). Each panel shows the trials, the mean per axis value with a Wilson interval (pooled rollouts) or
     a normal interval over trials, each fitted law with its bootstrap band and fitted equation, and
     the extrapolation region (up to ``extrapolate`` x the largest tested value) shaded. Writes
     ``<name>.png`` and ``<name>.svg`` (all panels) and, when ``separate``, ``<name>_<axis>.png/.svg``
@@ -164,7 +165,11 @@ def plot_laws(
     results = as_results_table(table, rollouts)
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
-    axes = [a for a in (axes or PANEL_AXES) if a in results.axes_present] if axes is None else list(axes)
+    if axes is None:
+        axes = [a for a in PANEL_AXES if a in results.axes_present]
+        if "n_pairs" in axes and not {"n_envs", "n_objects"} <= set(axes):
+            axes.remove("n_pairs")  # pairs would only repeat the one factor that varies
+    axes = list(axes)
     panels: list[tuple[str, list[LawFit]]] = []
     skipped: list[str] = []
     for axis in axes:
