@@ -14,6 +14,11 @@ from demoscale.datasets import EpisodeStore, FeatureSpec
 IMAGE_SHAPE = (32, 40, 3)
 
 
+def pytest_configure(config: pytest.Config) -> None:
+    # zarr warns on every variable-length-bytes array (no ratified v3 spec yet); the store documents it.
+    config.addinivalue_line("filterwarnings", r"ignore:The data type \(VariableLength")
+
+
 def small_features() -> dict[str, FeatureSpec]:
     """One key of each kind, small enough for fast tests."""
     return {

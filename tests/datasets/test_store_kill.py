@@ -62,17 +62,17 @@ def test_kill_during_append_leaves_only_whole_episodes(tmp_path: Path) -> None:
     rng = np.random.default_rng(0)
     context = multiprocessing.get_context("fork")
     counts = []
-    for _ in range(5):
+    for _ in range(4):
         progress = context.Queue()
         child = context.Process(target=_append_forever, args=(str(path), progress))
         child.start()
         progress.get(timeout=60)  # one episode committed: the writer is mid-stream now
-        time.sleep(float(rng.uniform(0.0, 0.5)))
+        time.sleep(float(rng.uniform(0.0, 0.4)))
         os.kill(child.pid, signal.SIGKILL)
         child.join()
         assert child.exitcode == -signal.SIGKILL
         counts.append(_check_whole_episodes(path))
-    assert counts == sorted(counts) and counts[-1] >= 5
+    assert counts == sorted(counts) and counts[-1] >= 4
     # The store is still appendable after the kills, and the new episode follows the old ones.
     store = EpisodeStore.open(path, mode="a")
     n = store.n_episodes

@@ -31,7 +31,7 @@ def test_subset_counts_and_consistency() -> None:
     assert subset.object_ids == sorted({o for _, o in subset.pairs})
 
 
-@pytest.mark.parametrize("seed", [0, 1, 7])
+@pytest.mark.parametrize("seed", [0, 7])
 def test_subsets_are_nested_in_every_axis(seed: int) -> None:
     table = _table()
 
