@@ -288,7 +288,7 @@ def build_mjcf(scene: SceneParams, obj: ObjectParams) -> str:
     <quality shadowsize="0" offsamples="0"/>
     <global offwidth="640" offheight="480"/>
     <headlight ambient="{scene.ambient:.3f} {scene.ambient:.3f} {scene.ambient:.3f}" diffuse="0.3 0.3 0.3"/>
-    <map znear="0.02" zfar="30"/>
+    <map znear="0.001" zfar="1"/>  <!-- fractions of the model extent (~15 m): 1.5 cm .. 15 m -->
   </visual>
   <asset>
     <texture name="floor_tex" type="2d" builtin="checker" rgb1="{_fmt(floor_a)}" rgb2="{_fmt(floor_b)}" width="256" height="256"/>

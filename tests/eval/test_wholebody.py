@@ -49,6 +49,8 @@ def test_point_cloud_lies_on_rendered_geometry() -> None:
     assert mask.shape == (512,) and mask.dtype == bool and mask.all()
     points = xyz[mask]
     config = env.config
+    # MuJoCo's clipping planes are fractions of the model extent: nothing closer than 3 cm is lost.
+    assert env.model.vis.map.znear * env.model.stat.extent < 0.03
     assert np.all(points >= np.array(config.crop_min) - 1e-5) and np.all(
         points <= np.array(config.crop_max) + 1e-5
     )
