@@ -1,8 +1,9 @@
 """The whole-body environment: JoyLo action layout in, store-key observations out, at 10 Hz.
 
 Action (21, absolute targets, docs/interfaces.md): mobile base ``[vx, vy, yaw rate]`` in the base
-frame (m/s, rad/s), torso joint positions (4), left arm joint positions (6), left gripper opening
-(mm, 0 closed .. 100 open), right arm (6), right gripper (1).
+frame (m/s, rad/s), torso joint positions (4: lift in m, two pitch joints and yaw in rad), left arm
+joint positions (6, rad), left gripper opening (mm, 0 closed .. 100 open), right arm (6), right
+gripper (1).
 
 Observations use the keys the JoyLo ingester writes: ``proprio`` (21, the base part being the base
 velocity in the base frame), ``odom_base_velocity``, ``odom_position``, ``odom_orientation`` (xyzw),
@@ -20,7 +21,6 @@ import mujoco
 import numpy as np
 from demoscale.eval.wholebody.pointcloud import backproject, sample_fixed
 from demoscale.eval.wholebody.scene import (
-    FINGER_STROKE,
     build_mjcf,
     object_params,
     scene_params,
@@ -377,8 +377,3 @@ class WholeBodyEnv:
         if self._renderer is not None:
             self._renderer.close()
             self._renderer = None
-
-
-def gripper_stroke_limits() -> tuple[float, float]:
-    """Gripper opening range in mm (closed, fully open)."""
-    return 0.0, 2000.0 * FINGER_STROKE
