@@ -5,7 +5,7 @@ from __future__ import annotations
 import h5py
 import numpy as np
 import pytest
-from demoscale.eval import IdRangeError, get_task, make_env
+from demoscale.eval import IdRangeError, UnknownTaskError, get_task, make_env
 from demoscale.eval.collect_sim import run_expert_episode
 from demoscale.eval.wholebody.pointcloud import backproject, sample_fixed, voxel_sample
 from demoscale.eval.wholebody.scene import object_params, scene_params
@@ -117,6 +117,8 @@ def test_bad_actions_and_options_are_rejected() -> None:
         get_task("fetch_shelf").make_env(1, 1, cameras=("tail",))
     with pytest.raises(TypeError, match="options"):
         get_task("fetch_shelf").make_env(1, 1, n_pints=3)
+    with pytest.raises(UnknownTaskError, match="fetch_shelf"):  # the message lists the known tasks
+        make_env("fetch_shelve", 1, 1)
 
 
 def test_recording_is_valid_joylo_and_ingests(tmp_path) -> None:
