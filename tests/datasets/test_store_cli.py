@@ -36,3 +36,12 @@ def test_validate_ok_and_failure(small_store: EpisodeStore, capsys) -> None:
 def test_missing_store_is_an_error(tmp_path: Path, capsys) -> None:
     assert demoscale_main(["store", "info", str(tmp_path / "absent.zarr")]) == 1
     assert "no such store" in capsys.readouterr().err
+
+
+def test_label_waypoints_subcommand(small_store: EpisodeStore, capsys) -> None:
+    assert demoscale_main(["store", "label-waypoints", small_store.location, "--threshold", "0.05"]) == 0
+    assert capsys.readouterr().out.startswith(f"labelled 45 frames of {small_store.location}")
+    assert "next_waypoint_index" in small_store._root["data"]
+    assert demoscale_main(["store", "validate", small_store.location]) == 0  # derived arrays are allowed
+    assert demoscale_main(["store", "label-waypoints", small_store.location, "--threshold", "0.1"]) == 1
+    assert "--overwrite" in capsys.readouterr().err
