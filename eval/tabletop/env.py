@@ -28,7 +28,7 @@ os.environ.setdefault("MUJOCO_GL", "egl")
 import mujoco  # noqa: E402  (the GL backend is chosen by the environment variable above)
 
 CONTROL_HZ = 10.0
-SUBSTEPS = 20  # 20 x 5 ms physics steps per control step
+SUBSTEPS = 10  # 10 x 10 ms physics steps per control step
 POSITION_LOW = np.array([-0.32, -0.32, 0.012])
 POSITION_HIGH = np.array([0.32, 0.32, 0.3])
 MAX_STEP_M = 0.06  # per control step (0.6 m/s)
@@ -260,10 +260,13 @@ class TabletopEnv:
         self._rotvec = quat_to_axis_angle(target_quat)
         self._width = float(np.clip(action[6], 0.0, MAX_GRIPPER_WIDTH))
         self.data.ctrl[:] = self._width / 2
+        fractions = np.arange(1, SUBSTEPS + 1) / SUBSTEPS
+        positions = start_pos + fractions[:, None] * (target - start_pos)
+        turning = not np.allclose(start_quat, target_quat, atol=1e-9)
         for i in range(SUBSTEPS):
-            fraction = (i + 1) / SUBSTEPS
-            self.data.mocap_pos[self._mocap] = start_pos + fraction * (target - start_pos)
-            self.data.mocap_quat[self._mocap] = _nlerp(start_quat, target_quat, fraction)
+            self.data.mocap_pos[self._mocap] = positions[i]
+            if turning:
+                self.data.mocap_quat[self._mocap] = _nlerp(start_quat, target_quat, fractions[i])
             mujoco.mj_step(self.model, self.data)
         self.steps += 1
         self._update_stages()

@@ -1,6 +1,6 @@
 """Procedural tabletop scenes and objects, generated deterministically from integer ids.
 
-An environment id fixes the table (texture, colours, friction), the floor and sky, the light, the
+An environment id fixes the table (texture, colours, friction), the floor and backdrop colours, the light, the
 camera mounting jitter and 0-3 static distractors. An object id fixes the manipulated object's
 shape family (box, cylinder, capsule, composite of boxes), size, colour, mass and friction. The
 task adds its own fixed-colour elements (a target disc, a container) whose placement changes per
@@ -226,7 +226,7 @@ def _object_body(obj: ObjectParams, name: str = "object") -> str:
         geoms.append(
             f'<geom name="{name}_geom{i}" type="{part.shape}" size="{_fmt(part.size)}" pos="{_fmt(part.pos)}" '
             f'euler="{_fmt(part.euler)}" material="{material}" mass="{obj.mass * float(np.prod(part.size)) / total:.5g}" '
-            f'friction="{obj.friction:.3g} 0.005 0.0001" condim="4" solref="0.01 1"/>'
+            f'friction="{obj.friction:.3g} 0.005 0.0001" condim="4" solref="0.02 1"/>'
         )
     return (
         f'<body name="{name}" pos="0 0 {obj.height / 2 + 0.001:.4g}">'
@@ -273,17 +273,14 @@ def build_mjcf(
     distractors = "".join(_distractor_geom(i, d) for i, d in enumerate(env.distractors))
     return f"""<mujoco model="tabletop">
   <compiler angle="radian" autolimits="true"/>
-  <option timestep="0.005" integrator="implicitfast" cone="elliptic" impratio="5"/>
+  <option timestep="0.01" integrator="implicitfast" cone="elliptic" impratio="5"/>
   <visual>
     <quality shadowsize="0" offsamples="0"/>
     <global offwidth="{image_size}" offheight="{image_size}"/>
     <headlight ambient="{env.ambient:.3g} {env.ambient:.3g} {env.ambient:.3g}" diffuse="0.2 0.2 0.2" specular="0 0 0"/>
   </visual>
   <asset>
-    <texture name="sky" type="skybox" builtin="gradient" rgb1="{_fmt(env.sky_rgb1)}" rgb2="{_fmt(env.sky_rgb2)}" width="32" height="32"/>
-    <texture name="floor_tex" type="2d" builtin="checker" rgb1="{_fmt(env.floor_rgb1)}" rgb2="{_fmt(env.floor_rgb2)}" width="64" height="64"/>
-    <material name="floor_mat" texture="floor_tex" texrepeat="6 6"/>
-    <texture name="table_tex" type="2d" {table_texture} width="64" height="64"/>
+    <texture name="table_tex" type="2d" {table_texture} width="32" height="32"/>
     <material name="table_mat" texture="table_tex" texrepeat="{env.table_texrepeat:.3g} {env.table_texrepeat:.3g}"/>
     <material name="object_mat" rgba="{_fmt(obj.rgb)} 1" specular="0.2"/>
     <material name="object_mat2" rgba="{_fmt(obj.rgb2)} 1" specular="0.2"/>
@@ -293,7 +290,8 @@ def build_mjcf(
   </asset>
   <worldbody>
     <light name="sun" directional="true" castshadow="false" dir="{_fmt(env.light_dir)}" diffuse="{env.light_diffuse:.3g} {env.light_diffuse:.3g} {env.light_diffuse:.3g}" specular="0.1 0.1 0.1"/>
-    <geom name="floor" type="plane" size="3 3 0.1" pos="0 0 -0.75" material="floor_mat" contype="0" conaffinity="0"/>
+    <geom name="floor" type="plane" size="3 3 0.1" pos="0 0 -0.75" rgba="{_fmt(env.floor_rgb1)} 1" contype="0" conaffinity="0"/>
+    <geom name="backdrop" type="box" size="1.6 1.6 1.2" pos="0 0 0.3" rgba="{_fmt(env.sky_rgb1)} 1" contype="0" conaffinity="0"/>
     <geom name="table" type="box" size="{TABLE_HALF} {TABLE_HALF} 0.02" pos="0 0 -0.02" material="table_mat" friction="{env.table_friction:.3g} 0.005 0.0001"/>
     <camera name="scene" pos="{_fmt(scene_pos)}" xyaxes="{scene_axes}" fovy="50"/>
     {distractors}
@@ -307,7 +305,7 @@ def build_mjcf(
       {"".join(fingers)}
     </body>
   </worldbody>
-  <equality><weld body1="gripper_target" body2="gripper" solref="0.01 1" solimp="0.99 0.999 0.001"/></equality>
+  <equality><weld body1="gripper_target" body2="gripper" solref="0.02 1" solimp="0.99 0.999 0.001"/></equality>
   <contact><exclude body1="finger_left" body2="finger_right"/></contact>
   <actuator>
     <position name="finger_left_act" joint="finger_left_joint" kp="1000" ctrlrange="0 {MAX_GRIPPER_WIDTH / 2}" forcerange="-30 30"/>
