@@ -785,11 +785,32 @@ class EpisodeStore:
         result = self._compute_stats(key, spec, n_frames)
         entry = {"n_frames": n_frames, **{k: np.asarray(v).tolist() for k, v in result.items()}}
         self._stats_memory[key] = entry
-        if self.writable:
-            all_stats = dict(self._root.attrs.get("stats", {}))
-            all_stats[key] = entry
-            self._root.attrs["stats"] = all_stats
+        self._persist_stats(key, entry)
         return self._stats_from_json(key, entry)
+
+    def _persist_stats(self, key: str, entry: dict[str, Any]) -> None:
+        """Cache statistics in the root attributes: always when writable; for a read-only handle on a
+        local directory we may write to, too (the one write a reader makes; losing it only costs a
+        recomputation, so failures are ignored)."""
+        root = self._root
+        if not self.writable:
+            local = not _is_url(self.location) and not self.location.endswith(".zip")
+            if not (
+                local
+                and os.access(self.location, os.W_OK)
+                and os.access(Path(self.location) / "zarr.json", os.W_OK)
+            ):
+                return
+            try:
+                root = zarr.open_group(zarr.storage.LocalStore(self.location), mode="r+")
+            except Exception:
+                return
+        try:
+            all_stats = dict(root.attrs.get("stats", {}))
+            all_stats[key] = entry
+            root.attrs["stats"] = all_stats
+        except OSError:
+            pass
 
     def _stats_shape(self, spec: FeatureSpec) -> tuple[int, ...]:
         return spec.shape[-1:] if spec.kind == "point_cloud" else spec.shape

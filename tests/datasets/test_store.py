@@ -220,6 +220,8 @@ def test_stats_match_numpy(small_store: EpisodeStore, kit) -> None:
     assert int(stats["count"]) == len(all_pos)
     # Cached in the store, and invalidated by an append.
     assert EpisodeStore.open(small_store.location)._root.attrs["stats"]["robot0_eef_pos"]["n_frames"] == 45
+    EpisodeStore.open(small_store.location).stats("action")  # a reader of a writable directory caches too
+    assert EpisodeStore.open(small_store.location)._root.attrs["stats"]["action"]["n_frames"] == 45
     kit.append(small_store, 6, 4, "3", "10")
     assert int(EpisodeStore.open(small_store.location, mode="a").stats("robot0_eef_pos")["count"]) == 49
     with pytest.raises(StoreError, match="image"):
