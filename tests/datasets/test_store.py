@@ -296,3 +296,16 @@ def test_direct_shard_reads_match_zarr_and_survive_rewrites(small_store: Episode
     np.testing.assert_array_equal(
         reader.read_frames("camera0_rgb", [44, 3]), small_store.read_frames("camera0_rgb", [44, 3])
     )
+
+
+def test_fsspec_memory_url_write_and_read(kit) -> None:
+    url = f"memory://store-{kit.digest('memory')[:12]}.zarr"
+    store = EpisodeStore.open_or_create(url, kit.features())
+    kit.append(store, 0, 4, "e", "o")
+    again = EpisodeStore.open_or_create(url, kit.features())
+    assert again.n_episodes == 1
+    kit.append(again, 1, 3, "e", "o")
+    reader = EpisodeStore.open(url)
+    assert reader.episode_ends.tolist() == [4, 7]
+    np.testing.assert_array_equal(reader.episode(1)["action"], kit.make_episode(1, 3)["action"])
+    reader.validate()
