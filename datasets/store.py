@@ -400,13 +400,8 @@ class EpisodeStore:
         """Find the committed episodes: the longest valid prefix of ``meta/episode_ends``."""
         ends_array = self._reload_array("meta/episode_ends")
         ends = np.asarray(ends_array[:], dtype=np.int64)
-        n = 0
-        previous = 0
-        for end in ends:
-            if end <= previous:
-                break
-            previous = int(end)
-            n += 1
+        not_increasing = np.flatnonzero(np.diff(np.concatenate([[0], ends])) <= 0)
+        n = int(not_increasing[0]) if len(not_increasing) else len(ends)
         notes = []
         if n + 1 < len(ends):
             notes.append(
