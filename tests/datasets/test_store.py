@@ -163,8 +163,15 @@ def test_create_refuses_existing_store(small_store: EpisodeStore, kit) -> None:
         EpisodeStore.create(small_store.location, kit.features())
 
 
-def test_missing_episode_ends_is_a_clear_error(small_store: EpisodeStore) -> None:
+def test_missing_episode_ends_is_a_clear_error(small_store: EpisodeStore, kit) -> None:
+    # Lost under an open handle: validate and append say so, and the append writes nothing.
     shutil.rmtree(Path(small_store.location) / "meta" / "episode_ends")
+    before = kit.snapshot(Path(small_store.location))
+    with pytest.raises(StoreError, match="meta/episode_ends missing"):
+        small_store.validate()
+    with pytest.raises(StoreError, match="missing array meta/episode_ends"):
+        kit.append(small_store, 20, 4, "0", "10")
+    assert kit.snapshot(Path(small_store.location)) == before
     with pytest.raises(StoreError, match="meta/episode_ends"):
         EpisodeStore.open(small_store.location)
 
