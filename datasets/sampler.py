@@ -36,6 +36,7 @@ class WindowSampler:
         horizon: int,
         episodes: Sequence[int] | None = None,
         preload_bytes: int = DEFAULT_PRELOAD_BYTES,
+        waypoint_keys: Sequence[str] | None = None,
     ) -> None:
         if isinstance(store, EpisodeStore):
             self._store: EpisodeStore | None = store
@@ -79,6 +80,23 @@ class WindowSampler:
         self._cumulative = np.concatenate([[0], np.cumsum(lengths)]).astype(np.int64)
         self.action_dim = int(sum(int(np.prod(store_.features[k].shape)) for k in self.action_keys))
         self._cache: dict[str, np.ndarray] = {}
+        # Optional: the frame at each sample's next waypoint (datasets/waypoints.py labels the store).
+        self.waypoint_keys = list(waypoint_keys or [])
+        self._next_waypoint: np.ndarray | None = None
+        if self.waypoint_keys:
+            from demoscale.datasets.waypoints import read_next_waypoint_index
+
+            unknown = [key for key in self.waypoint_keys if key not in store_.features]
+            if unknown:
+                raise StoreError(
+                    f"{self.location}: unknown waypoint keys {unknown}; keys are {', '.join(store_.features)}"
+                )
+            self._next_waypoint = read_next_waypoint_index(self.location)
+            if self._next_waypoint is None:
+                raise StoreError(
+                    f"{self.location}: waypoint_keys need the store's next_waypoint_index (missing or stale); "
+                    f"run `demoscale store label-waypoints {self.location} --threshold T`"
+                )
 
     # Open handles and caches stay in the process that made them.
     def __getstate__(self) -> dict[str, Any]:
@@ -145,12 +163,21 @@ class WindowSampler:
         for key in self.obs_offsets:
             if self.store.features[key].kind == "low_dim":
                 batch["obs"][key] = batch["obs"][key].astype(np.float32, copy=False)
+        if self._next_waypoint is not None:
+            following = self._next_waypoint[t]
+            batch["waypoint_obs"] = {key: self._read(key, following[:, None]) for key in self.waypoint_keys}
+            for key in self.waypoint_keys:
+                if self.store.features[key].kind == "low_dim":
+                    batch["waypoint_obs"][key] = batch["waypoint_obs"][key].astype(np.float32, copy=False)
+            batch["waypoint_index"] = following - start
         return batch
 
     def sample(self, index: int) -> dict[str, Any]:
         """One sample: ``obs`` {key: (len(offsets), *shape)}, ``obs_is_pad`` {key: (len(offsets),)},
         ``action`` (horizon, action_dim) float32, ``action_is_pad`` (horizon,), ``episode_index`` (store
-        index) and ``frame_index`` (t within the episode)."""
+        index) and ``frame_index`` (t within the episode); with ``waypoint_keys`` also ``waypoint_obs``
+        {key: (1, *shape)} (the frame at the store's ``next_waypoint_index``) and ``waypoint_index``
+        (that frame within the episode)."""
         batch = self.sample_many([index])
         return unbatch(batch, 0)
 
@@ -164,4 +191,12 @@ def unbatch(batch: Mapping[str, Any], i: int) -> dict[str, Any]:
         "action_is_pad": batch["action_is_pad"][i],
         "episode_index": int(batch["episode_index"][i]),
         "frame_index": int(batch["frame_index"][i]),
+        **(
+            {
+                "waypoint_obs": {k: v[i] for k, v in batch["waypoint_obs"].items()},
+                "waypoint_index": int(batch["waypoint_index"][i]),
+            }
+            if "waypoint_obs" in batch
+            else {}
+        ),
     }

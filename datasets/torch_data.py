@@ -19,7 +19,13 @@ from torch.utils.data import DataLoader, Dataset, Sampler
 
 
 def _to_torch(sample: Mapping[str, Any]) -> dict[str, Any]:
-    return {
+    extra = {}
+    if "waypoint_obs" in sample:
+        extra["waypoint_obs"] = {
+            k: torch.from_numpy(np.ascontiguousarray(v)) for k, v in sample["waypoint_obs"].items()
+        }
+        extra["waypoint_index"] = int(sample["waypoint_index"])
+    return extra | {
         "obs": {k: torch.from_numpy(np.ascontiguousarray(v)) for k, v in sample["obs"].items()},
         "obs_is_pad": {k: torch.from_numpy(np.ascontiguousarray(v)) for k, v in sample["obs_is_pad"].items()},
         "action": torch.from_numpy(np.ascontiguousarray(sample["action"])),
@@ -43,8 +49,11 @@ class EpisodeDataset(Dataset):
         horizon: int,
         episodes: Sequence[int] | None = None,
         preload_bytes: int = DEFAULT_PRELOAD_BYTES,
+        waypoint_keys: Sequence[str] | None = None,
     ) -> None:
-        self.sampler = WindowSampler(store, obs_offsets, action_keys, horizon, episodes, preload_bytes)
+        self.sampler = WindowSampler(
+            store, obs_offsets, action_keys, horizon, episodes, preload_bytes, waypoint_keys
+        )
 
     def __len__(self) -> int:
         return len(self.sampler)
@@ -113,6 +122,8 @@ class EpisodeDataModule(pl.LightningDataModule):
         episodes: the episodes to use (a subset); None uses every episode.
         drop_last: drop the last incomplete training batch.
         preload_bytes: low-dim keys up to this total size are held in memory per process.
+        waypoint_keys: keys of the next-waypoint frame added to each sample as ``waypoint_obs``
+            (needs ``demoscale store label-waypoints``).
     """
 
     def __init__(
@@ -128,6 +139,7 @@ class EpisodeDataModule(pl.LightningDataModule):
         episodes: list[int] | None = None,
         drop_last: bool = False,
         preload_bytes: int = DEFAULT_PRELOAD_BYTES,
+        waypoint_keys: list[str] | None = None,
     ) -> None:
         super().__init__()
         self.save_hyperparameters()
@@ -142,6 +154,7 @@ class EpisodeDataModule(pl.LightningDataModule):
         self.episodes = None if episodes is None else [int(e) for e in episodes]
         self.drop_last = bool(drop_last)
         self.preload_bytes = int(preload_bytes)
+        self.waypoint_keys = list(waypoint_keys or [])
         self._store: EpisodeStore | None = None
         self.train_dataset: EpisodeDataset | None = None
         self.val_dataset: EpisodeDataset | None = None
@@ -195,6 +208,7 @@ class EpisodeDataModule(pl.LightningDataModule):
             self.horizon,
             episodes,
             self.preload_bytes,
+            self.waypoint_keys,
         )
 
     def setup(self, stage: str | None = None) -> None:

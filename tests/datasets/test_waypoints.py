@@ -176,3 +176,31 @@ def test_store_labelling_caches_global_next_waypoint_indices(tmp_path):
     )
     assert read_next_waypoint_index(str(path)) is None
     assert len(label_store_waypoints(str(path), threshold=0.5)) == 63
+
+
+def test_sampler_returns_the_next_waypoint_frame(tmp_path):
+    from demoscale.datasets import EpisodeDataset, StoreError, WindowSampler
+    from demoscale.datasets.waypoints import label_store_waypoints
+
+    path = tmp_path / "corner.zarr"
+    _umi_like_store(path)
+    window = {"robot0_eef_pos": [-1, 0]}
+    with pytest.raises(StoreError, match="label-waypoints"):
+        WindowSampler(str(path), window, ["action"], 4, waypoint_keys=["robot0_eef_pos"])
+    label_store_waypoints(str(path), threshold=1e-3)  # waypoints 5, 10, 20 in each episode
+    sampler = WindowSampler(
+        str(path), window, ["action"], 4, waypoint_keys=["robot0_eef_pos", "robot0_gripper_width"]
+    )
+    corner = _corner()
+    for index, frame, waypoint in ((0, 0, 5), (7, 7, 10), (10, 10, 20), (20, 20, 20), (21 + 12, 12, 20)):
+        sample = sampler.sample(index)
+        assert sample["frame_index"] == frame and sample["waypoint_index"] == waypoint
+        assert sample["waypoint_obs"]["robot0_eef_pos"].shape == (1, 3)
+        np.testing.assert_allclose(
+            sample["waypoint_obs"]["robot0_eef_pos"][0, :2], corner[waypoint], atol=1e-6
+        )
+    item = EpisodeDataset(str(path), window, ["action"], 4, waypoint_keys=["robot0_gripper_width"])[0]
+    assert (
+        item["waypoint_obs"]["robot0_gripper_width"].dtype.is_floating_point and item["waypoint_index"] == 5
+    )
+    assert "waypoint_obs" not in WindowSampler(str(path), window, ["action"], 4).sample(0)
