@@ -50,6 +50,7 @@ class PolicyDataModule(EpisodeDataModule):
         store: store location (directory, .zip or fsspec URL).
         obs_offsets, action_keys, horizon: the window; ``None`` = take the policy's.
         batch_size: the micro-batch (per device); gradient accumulation makes up the global batch.
+        waypoint_keys: keys of the next-waypoint frame for a waypoint head (default: the policy's).
         num_workers, val_fraction, seed, episodes, drop_last, preload_bytes: as in
             :class:`~demoscale.datasets.EpisodeDataModule` (``episodes`` selects a subset).
     """
@@ -67,6 +68,7 @@ class PolicyDataModule(EpisodeDataModule):
         episodes: list[int] | None = None,
         drop_last: bool = True,
         preload_bytes: int = DEFAULT_PRELOAD_BYTES,
+        waypoint_keys: list[str] | None = None,
     ) -> None:
         super().__init__(
             store,
@@ -80,8 +82,14 @@ class PolicyDataModule(EpisodeDataModule):
             episodes=episodes,
             drop_last=drop_last,
             preload_bytes=preload_bytes,
+            waypoint_keys=waypoint_keys,
         )
-        self._explicit = {"obs_offsets": obs_offsets, "action_keys": action_keys, "horizon": horizon}
+        self._explicit = {
+            "obs_offsets": obs_offsets,
+            "action_keys": action_keys,
+            "horizon": horizon,
+            "waypoint_keys": waypoint_keys,
+        }
         self._window_resolved = False
 
     def _resolve_window(self) -> None:
@@ -90,7 +98,7 @@ class PolicyDataModule(EpisodeDataModule):
         module = self.trainer.lightning_module if self.trainer is not None else None
         window = module.data_window() if module is not None and hasattr(module, "data_window") else None
         if window is None:
-            missing = [name for name, value in self._explicit.items() if value is None]
+            missing = [name for name, value in self._explicit.items() if value is None and name != "waypoint_keys"]
             if missing:
                 raise ValueError(f"data.{missing} must be given when the model does not define the window")
         else:
@@ -104,6 +112,7 @@ class PolicyDataModule(EpisodeDataModule):
             self.obs_offsets = {k: [int(o) for o in v] for k, v in window["obs_offsets"].items()}
             self.action_keys = list(window["action_keys"])
             self.horizon = int(window["horizon"])
+            self.waypoint_keys = list(window.get("waypoint_keys") or self.waypoint_keys)
         self._window_resolved = True
 
     def setup(self, stage: str | None = None) -> None:

@@ -135,7 +135,10 @@ class WBVIMAPolicy(nn.Module):
     """
 
     def __init__(
-        self, config: WBVIMAConfig, features: Mapping[str, Any], stats: Mapping[str, Mapping[str, Any]]
+        self,
+        config: WBVIMAConfig,
+        features: Mapping[str, Any],
+        stats: Mapping[str, Mapping[str, Any]] | None = None,
     ):
         super().__init__()
         validate_against_features(config, features)
