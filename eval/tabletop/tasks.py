@@ -83,6 +83,7 @@ class _Expert:
     def _move(self, goal: np.ndarray, speed: float | None = None, tolerance: float = 0.004) -> bool:
         """Advance the command toward ``goal``; slow down over the last centimetres; True on arrival."""
         speed = self.speed if speed is None else speed
+        speed *= min(1.0, (self.timer + 1) / 3)  # ease in at the start of every phase
         delta = goal - self.cmd
         distance = float(np.linalg.norm(delta))
         step = min(speed, distance, max(0.5 * distance, 0.006))
@@ -185,9 +186,7 @@ class PickPlaceExpert(_Expert):
     def __init__(self, env: PickPlaceEnv, seed: int) -> None:
         super().__init__(env, seed)
         rng = self.rng
-        obj = env.object
-        period = np.pi if obj.family == "capsule" else np.pi / 2
-        self.yaw = float((env.object_yaw + period / 2) % period - period / 2)
+        self.yaw = self._grasp_yaw()
         self.open_width = rng.uniform(0.07, MAX_GRIPPER_WIDTH)
         self.hover_height = rng.uniform(0.08, 0.12)
         self.carry_height = rng.uniform(0.1, 0.14)
@@ -196,6 +195,15 @@ class PickPlaceExpert(_Expert):
         self.place_offset = rng.uniform(-0.015, 0.015, 2)
         self.close_steps = int(rng.integers(3, 6))
         self.width = self.open_width
+
+    def _grasp_yaw(self) -> float:
+        """Gripper yaw closing across the object's narrow side, the one nearest zero."""
+        period = np.pi if self.env.object.family == "capsule" else np.pi / 2
+        return float((self.env.object_yaw + period / 2) % period - period / 2)
+
+    def _holding(self) -> bool:
+        env = self.env
+        return env.fingers_touch_object() and env.object_pos[2] > env.object.height / 2 + 0.01
 
     def plan(self) -> None:
         env = self.env
@@ -216,6 +224,11 @@ class PickPlaceExpert(_Expert):
         elif self.phase == "lift":
             if self._move(np.array([*self.cmd[:2], self.carry_height]), tolerance=0.01):
                 self._set_phase("carry")
+        elif self.phase in ("carry", "lower") and not self._holding():
+            # Dropped it: open, rise and grasp again (people do the same).
+            self.width = self.open_width
+            self.yaw = self._grasp_yaw()
+            self._set_phase("hover")
         elif self.phase == "carry":
             goal_xy = env.layout["container"] + self.place_offset
             if self._move(np.array([*goal_xy, self.carry_height]), tolerance=0.008):
