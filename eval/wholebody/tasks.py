@@ -22,8 +22,15 @@ from demoscale.eval.wholebody.env import STAGES, WholeBodyConfig, WholeBodyEnv
 _CONFIG_FIELDS = set(WholeBodyConfig.__dataclass_fields__)
 
 
-def make_fetch_shelf_env(env_id: int, object_id: int, image_size: int = 96, **options: Any) -> WholeBodyEnv:
-    """A ``fetch_shelf`` environment; ``options`` are :class:`WholeBodyConfig` fields."""
+def make_fetch_shelf_env(
+    env_id: int, object_id: int, image_size: int = 96, render: bool = True, **options: Any
+) -> WholeBodyEnv:
+    """A ``fetch_shelf`` environment; ``options`` are :class:`WholeBodyConfig` fields.
+
+    ``render=False`` turns every camera off (no images, no point cloud): physics and expert only.
+    """
+    if not render:
+        options = {**options, "cameras": (), "point_cloud_cameras": ()}
     unknown = set(options) - _CONFIG_FIELDS
     if unknown:
         raise TypeError(

@@ -11,7 +11,7 @@ from demoscale.eval.wholebody.pointcloud import backproject, sample_fixed, voxel
 from demoscale.eval.wholebody.scene import object_params, scene_params
 from demoscale.eval.wholebody.tasks import episode_to_joylo, write_joylo_demos
 
-NO_RENDER = {"cameras": (), "point_cloud_cameras": ()}
+NO_RENDER = {"render": False}
 
 
 def test_scene_and_object_follow_the_ids_and_their_ranges() -> None:
