@@ -38,26 +38,38 @@ def farthest_point_sample(points: np.ndarray, n: int, start: int = 0) -> np.ndar
 VOXEL_SIZES = (0.16, 0.12, 0.08, 0.06, 0.045, 0.035, 0.025, 0.018, 0.012, 0.008)
 
 
+def _voxel_representatives(points: np.ndarray, size: float) -> np.ndarray:
+    """Index of the first point in every occupied voxel of edge ``size``."""
+    cells = np.floor(points / size).astype(np.int64)
+    cells -= cells.min(axis=0)
+    extent = cells.max(axis=0) + 1
+    keys = cells[:, 0] + extent[0] * (cells[:, 1] + extent[1] * cells[:, 2])
+    return np.unique(keys, return_index=True)[1]
+
+
 def voxel_sample(points: np.ndarray, n: int, rng: np.random.Generator) -> np.ndarray:
     """Indices of ``n`` points spread over space: one random point per voxel at the coarsest voxel
-    size that still has at least ``n`` occupied voxels, then ``n`` of those at random.
-
-    A fast stand-in for farthest-point sampling (uniform spatial coverage, no per-point loop).
+    size (of :data:`VOXEL_SIZES`) that still has at least ``n`` occupied voxels, then ``n`` of those
+    at random. A fast stand-in for farthest-point sampling (uniform coverage, no per-point loop).
     """
     count = len(points)
     if count <= n:
         return rng.permutation(count)
     order = rng.permutation(count)
     shuffled = points[order]
-    for size in VOXEL_SIZES:
-        cells = np.floor(shuffled / size).astype(np.int64)
-        cells -= cells.min(axis=0)
-        extent = cells.max(axis=0) + 1
-        keys = cells[:, 0] + extent[0] * (cells[:, 1] + extent[1] * cells[:, 2])
-        _, first = np.unique(keys, return_index=True)
+    # Occupied voxels grow as the voxels shrink: bisect for the coarsest size that is enough.
+    low, high, best = 0, len(VOXEL_SIZES) - 1, None
+    while low <= high:
+        middle = (low + high) // 2
+        first = _voxel_representatives(shuffled, VOXEL_SIZES[middle])
         if len(first) >= n:
-            return order[rng.choice(first, n, replace=False)]
+            best, high = first, middle - 1
+        else:
+            low = middle + 1
+    if best is not None:
+        return order[rng.choice(best, n, replace=False)]
     # Fewer voxels than points wanted even at the finest size: all voxel representatives, then others.
+    first = _voxel_representatives(shuffled, VOXEL_SIZES[-1])
     rest = np.setdiff1d(np.arange(count), first)
     return order[np.concatenate([first, rng.choice(rest, n - len(first), replace=False)])]
 
