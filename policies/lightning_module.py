@@ -25,7 +25,7 @@ import numpy as np
 import torch
 from demoscale.policies.config_utils import to_plain
 from demoscale.policies.diffusion.config import DiffusionConfig
-from demoscale.policies.diffusion.model import DiffusionPolicy, check_keys, policy_statistics
+from demoscale.policies.diffusion.model import check_keys, policy_statistics
 from demoscale.policies.ema import EMA
 from demoscale.policies.encoders import feature_to_dict
 from torch import nn
@@ -212,15 +212,12 @@ class PolicyModule(L.LightningModule):
         self.log("train/loss", loss, prog_bar=True, batch_size=_batch_size(batch))
         return loss
 
-    def on_train_batch_end(self, outputs: Any, batch: Any, batch_idx: int) -> None:
-        if self.ema is None:
-            return
-        # With gradient accumulation the weights change only on optimizer steps.
-        if self.trainer.global_step > int(self.ema.n_updates):
+    def optimizer_step(self, *args: Any, **kwargs: Any) -> None:
+        super().optimizer_step(*args, **kwargs)
+        # Right after the weights change (once per optimizer step, also under gradient accumulation)
+        # and before any callback can save a checkpoint of this step.
+        if self.ema is not None:
             self.ema.update(self.policy)
-            self.log(
-                "train/ema_decay", self.ema.decay(int(self.ema.n_updates)), batch_size=_batch_size(batch)
-            )
 
     def validation_step(self, batch: Mapping[str, Any], batch_idx: int) -> torch.Tensor:
         with self._seeded(batch_idx, "val"):
@@ -316,22 +313,16 @@ class DiffusionPolicyModule(PolicyModule):
         )
         self.policy_config = policy or DiffusionConfig()
         self.policy_config.validate()
-        self.save_hyperparameters(
-            {
-                "policy": to_plain(self.policy_config),
-                "optimizer": to_plain(self.optimizer_config),
-                "ema": to_plain(self.ema_config),
-                "compile": compile,
-                "seed": seed,
-                "global_batch_size": global_batch_size,
-            }
-        )
+        # No Lightning hparams: the CLI's config.yaml records the run, and the checkpoint's own
+        # metadata (on_save_checkpoint) rebuilds the policy.
 
     def check_features(self, features: Mapping[str, Any]) -> None:
         check_keys(self.policy_config, features)
 
     def build_policy(self, features: Mapping[str, Any], stats: Mapping[str, Any] | None) -> nn.Module:
-        return DiffusionPolicy(self.policy_config, features, stats)
+        from demoscale.policies.waypoint_head import make_diffusion_policy
+
+        return make_diffusion_policy(self.policy_config, features, stats)
 
     def policy_statistics(
         self, store: Any, episodes: Sequence[int] | None
@@ -346,6 +337,7 @@ class DiffusionPolicyModule(PolicyModule):
             "obs_offsets": {k: list(v) for k, v in self.policy_config.obs_offsets.items()},
             "action_keys": list(self.policy_config.action_keys),
             "horizon": self.policy_config.horizon,
+            **({"waypoint_keys": list(self.policy_config.obs_offsets)} if self.policy_config.waypoint_head else {}),
         }
 
 
