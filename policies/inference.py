@@ -144,10 +144,10 @@ def load_policy(
         network = WBVIMAPolicy(from_plain(WBVIMAConfig, meta["policy_config"]), meta["features"])
     else:
         from demoscale.policies.diffusion.config import DiffusionConfig
-        from demoscale.policies.diffusion.model import DiffusionPolicy
+        from demoscale.policies.waypoint_head import make_diffusion_policy
 
         config = from_plain(DiffusionConfig, meta["policy_config"])
-        network = DiffusionPolicy(config, meta["features"])
+        network = make_diffusion_policy(config, meta["features"])
     prefix = "ema.averaged." if meta.get("ema") else "policy."
     state = {k[len(prefix) :]: v for k, v in checkpoint["state_dict"].items() if k.startswith(prefix)}
     if not state:

@@ -337,7 +337,11 @@ class DiffusionPolicyModule(PolicyModule):
             "obs_offsets": {k: list(v) for k, v in self.policy_config.obs_offsets.items()},
             "action_keys": list(self.policy_config.action_keys),
             "horizon": self.policy_config.horizon,
-            **({"waypoint_keys": list(self.policy_config.obs_offsets)} if self.policy_config.waypoint_head else {}),
+            **(
+                {"waypoint_keys": list(self.policy_config.obs_offsets)}
+                if self.policy_config.waypoint_head
+                else {}
+            ),
         }
 
 

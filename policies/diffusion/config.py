@@ -37,6 +37,9 @@ class DiffusionConfig:
         num_inference_steps: denoising steps at inference (16 for UMI's DDIM).
         activation_checkpointing: recompute encoder and U-Net activations in the backward pass.
         mask_padding_loss: ignore the loss on action steps past the end of the episode.
+        waypoint_head: add the PIVOT-R-style waypoint head (``policies/waypoint_head.py``; needs the
+            store's ``next_waypoint_index``); waypoint_hidden_dims, waypoint_loss_weight: its MLP and
+            the weight of its MSE loss.
     """
 
     obs_offsets: dict[str, list[int]] = field(default_factory=lambda: {"camera0_rgb": [-1, 0]})
@@ -63,6 +66,9 @@ class DiffusionConfig:
     num_inference_steps: int = 16
     activation_checkpointing: bool = False
     mask_padding_loss: bool = True
+    waypoint_head: bool = False
+    waypoint_hidden_dims: list[int] = field(default_factory=lambda: [256])
+    waypoint_loss_weight: float = 1.0
 
     def validate(self) -> None:
         """Raise ValueError on settings that cannot work, before any network is built."""
