@@ -48,9 +48,10 @@ class GridSpec:
 class EvalSpec:
     """How a trained checkpoint is scored.
 
-    ``mode: rollouts`` calls ``demoscale.eval.evaluate`` on ``split`` (held-out envs/objects) with
-    ``episodes`` rollouts in total over ``n_envs`` x ``n_objects`` settings; ``seed`` is the same for
-    every trial so that all trials are compared on the same unseen settings.
+    ``mode: rollouts`` calls ``demoscale.eval.evaluate`` on ``split`` (held-out envs/objects): the
+    first ``n_envs`` x ``n_objects`` pairs of the split, ``episodes`` rollouts per pair; ``seed`` is
+    the same for every trial so that all trials are compared on the same unseen settings; ``options``
+    are further keyword arguments of ``evaluate`` (no videos and no progress bar by default).
     ``mode: offline`` needs no simulator: the score is ``exp(-metric)`` of the training run's
     validation loss (see ray_jobs/README.md).
     """
@@ -64,6 +65,7 @@ class EvalSpec:
     workers: int = 1
     seed: int = 0
     metric: str = "val/loss"
+    options: dict[str, Any] = field(default_factory=lambda: {"video_episodes": 0, "progress": False})
 
 
 @dataclass
@@ -103,7 +105,11 @@ class FaultInjection:
 
 @dataclass
 class SweepConfig:
-    """A whole sweep. Relative paths resolve against the sweep file's folder (see ``base_dir``)."""
+    """A whole sweep.
+
+    Relative paths (store, policy configs, output) resolve against ``base_dir``: the working folder
+    the config was loaded in, unless the YAML sets ``base_dir`` itself (relative to the YAML file).
+    """
 
     store: str
     policies: dict[str, PolicySpec]
@@ -117,7 +123,7 @@ class SweepConfig:
     num_cpus: int | None = None  # CPUs of the private local Ray instance; None = all of this machine
     max_concurrent_trials: int | None = None
     fault_injection: FaultInjection = field(default_factory=FaultInjection)
-    base_dir: str = "."  # where the config came from; relative paths resolve against it
+    base_dir: str = "."  # relative paths resolve against it
 
     def resolve(self, path: str) -> str:
         """``path`` as given if it is absolute or a URL, else relative to ``base_dir``."""
@@ -192,13 +198,19 @@ def sweep_config_from_dict(data: dict[str, Any], source: str = "<dict>", base_di
 
 
 def load_sweep_config(path: str | os.PathLike) -> SweepConfig:
-    """Read a sweep YAML file; relative paths inside it resolve against the file's folder."""
+    """Read a sweep YAML file.
+
+    Relative paths inside it resolve against the current working folder, or against the file's own
+    ``base_dir`` key (itself relative to the file) when it has one.
+    """
     path = Path(path)
     if not path.exists():
         raise SweepConfigError(f"sweep config not found: {path}")
     with open(path) as handle:
         data = yaml.safe_load(handle) or {}
-    return sweep_config_from_dict(data, source=str(path), base_dir=str(path.parent))
+    if isinstance(data, dict) and "base_dir" in data:
+        data["base_dir"] = str((path.parent / str(data["base_dir"])).resolve())
+    return sweep_config_from_dict(data, source=str(path), base_dir=os.getcwd())
 
 
 def validate_sweep_config(config: SweepConfig, source: str = "<config>") -> None:

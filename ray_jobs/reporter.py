@@ -59,6 +59,14 @@ class LiveTable(Callback):
             )
             self.live.start()
 
+    def __getstate__(self) -> dict[str, Any]:
+        # Tune pickles its callbacks with the experiment state; terminals and rich displays stay behind.
+        return {**self.__dict__, "stream": None, "live": None}
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__dict__.update(state)
+        self.stream = self.stream or sys.stdout
+
     def _counts(self) -> dict[str, int]:
         counts = {"running": 0, "finished": 0, "failed": 0, "retrying": 0}
         for state in self.state.values():

@@ -168,6 +168,7 @@ def run_trial(point: dict[str, Any], runtime: TrialRuntime) -> dict[str, Any]:
             workers=spec.workers,
             out_dir=folder + "/eval",
             seed=spec.seed,
+            **spec.options,
         )
         frame = _attr(evaluated, "rollouts")
         rollouts = [] if frame is None else frame.reset_index(drop=True).to_dict("records")
