@@ -149,6 +149,20 @@ def _store_exists(location: str) -> bool:
     return path.is_file() or (path.is_dir() and any(path.iterdir()))
 
 
+def check_compatible(store, features: Mapping[str, Any]) -> None:
+    """Raise IngestError unless the store holds exactly these keys with the same kind, shape and dtype."""
+    mismatched = []
+    for key, spec in features.items():
+        have = store.features.get(key)
+        wanted = (spec.kind, tuple(spec.shape), spec.dtype)
+        if have is None or (have.kind, tuple(have.shape), have.dtype) != wanted:
+            mismatched.append(f"{key}: store has {have}, source needs {spec}")
+    missing = sorted(set(store.features) - set(features))
+    if mismatched or missing:
+        details = "; ".join(mismatched + ([f"source lacks {missing}"] if missing else []))
+        raise IngestError(f"store {store.location} has different features from the source: {details}")
+
+
 def open_or_create_store(location: str, features: Mapping[str, Any], image_codec: str | None):
     """Open the store for appending (checking that its features match) or create it."""
     from demoscale.datasets import EpisodeStore, StoreError
@@ -156,19 +170,7 @@ def open_or_create_store(location: str, features: Mapping[str, Any], image_codec
     try:
         if _store_exists(location):
             store = EpisodeStore.open(location, mode="a")
-            mismatched = []
-            for key, spec in features.items():
-                have = store.features.get(key)
-                if have is None or (have.kind, tuple(have.shape), have.dtype) != (
-                    spec.kind,
-                    tuple(spec.shape),
-                    spec.dtype,
-                ):
-                    mismatched.append(f"{key}: store has {have}, source needs {spec}")
-            missing = sorted(set(store.features) - set(features))
-            if mismatched or missing:
-                details = "; ".join(mismatched + ([f"source lacks {missing}"] if missing else []))
-                raise IngestError(f"store {location} has different features from the source: {details}")
+            check_compatible(store, features)
             return store
         return EpisodeStore.create(location, dict(features), image_codec=image_codec or "jpeg")
     except StoreError as error:
@@ -188,14 +190,16 @@ def existing_hashes(location: str) -> set[str]:
     return {str(h) for h in episodes["source_sha256"].dropna()} - {""}
 
 
-def _codec_of(location: str, image_codec: str | None) -> tuple[str, dict]:
-    """(codec, encoder options) of the store at ``location``, or of the one that would be created."""
+def _codec_of(location: str, features: Mapping[str, Any], image_codec: str | None) -> tuple[str, dict]:
+    """(codec, encoder options) of the store at ``location`` (checking that its features match the
+    source's), or of the store that would be created."""
     from demoscale.datasets import EpisodeStore, StoreError
     from demoscale.datasets.codecs import codec_options
 
     try:
         if _store_exists(location):
             store = EpisodeStore.open(location)
+            check_compatible(store, features)
             return store.image_codec, dict(store.image_codec_options)
         return image_codec or "jpeg", codec_options(image_codec or "jpeg")
     except (StoreError, ValueError) as error:
@@ -309,6 +313,7 @@ def write_plans(
         else:
             known.add(plan.sha256)  # the same content twice in one run is written once
             to_write.append(plan)
+    codec, options = _codec_of(location, features, image_codec)  # checks an existing store's features
     if dry_run or not to_write:
         if dry_run:
             summary.episodes_written = len(to_write)
@@ -316,9 +321,8 @@ def write_plans(
         summary.seconds = time.perf_counter() - started
         return summary
 
-    # The store's codec decides whether frames are copied or encoded; the store itself is created
+    # The store's codec decides whether frames are copied or encoded. The store itself is created
     # only when the first episode is ready, so that nothing appears if loading fails.
-    codec, options = _codec_of(location, image_codec)
     want_encoded = copy_codec is not None and codec == copy_codec
     encode_images = {key: (codec, options) for key, spec in features.items() if spec.kind == "image"}
     store = None

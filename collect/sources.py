@@ -36,25 +36,18 @@ class SourceIds:
         )
 
 
-def ids_from_layout(file: Path, root: Path) -> SourceIds:
-    """env/object/task read from ``<task>/env_<i>/object_<j>/`` components of ``file``'s path.
+def ids_from_layout(file: Path) -> SourceIds:
+    """env/object/task read from the ``<task>/env_<i>/object_<j>/`` components of ``file``'s path.
 
-    The task is the component just above ``env_<i>`` (which may be ``root`` itself).
+    The ``env_<i>`` closest to the file wins; the task is the component just above it.
     """
-    root = root.resolve()
-    file = file.resolve()
-    try:
-        relative = file.relative_to(root).parts[:-1]
-    except ValueError:
-        relative = file.parent.parts
-        root = Path(file.anchor)
-    parts = [root.name, *relative]
     env_id = object_id = task = None
+    parts = Path(file).resolve().parts[:-1]
     for position, part in enumerate(parts):
-        if part.startswith("env_") and env_id is None:
-            env_id = part[len("env_") :]
-            task = (parts[position - 1] or None) if position > 0 else None
-        elif part.startswith("object_") and object_id is None:
+        if part.startswith("env_") and len(part) > len("env_"):
+            env_id, object_id = part[len("env_") :], None
+            task = parts[position - 1] if position > 0 and parts[position - 1] != parts[0] else None
+        elif part.startswith("object_") and len(part) > len("object_") and env_id is not None:
             object_id = part[len("object_") :]
     return SourceIds(env_id=env_id, object_id=object_id, task=task)
 
@@ -101,10 +94,8 @@ def resolve_sources(
         files = sorted(
             {f for pattern in patterns for f in src.rglob(pattern) if f.is_file() or _is_zarr_directory(f)}
         )
-        root = src
     else:
         files = [src]
-        root = src.parent
     rows = read_manifest(manifest) if manifest else {}
     for file in rows:
         if not file.exists():
@@ -113,7 +104,7 @@ def resolve_sources(
             files.append(file)
     if not files:
         raise IngestError(f"{src}: no {what} found (looked for {', '.join(patterns)})")
-    return [(f, ids_from_layout(f, root).override(rows.get(f.resolve())).override(overrides)) for f in files]
+    return [(f, ids_from_layout(f).override(rows.get(f.resolve())).override(overrides)) for f in files]
 
 
 def _is_zarr_directory(path: Path) -> bool:

@@ -257,8 +257,7 @@ def ingest_umi_session(
     session = Path(src).resolve()
     if not session.is_dir():
         raise IngestError(f"{session}: not a session directory")
-    # The session sits somewhere below <task>/env_<i>/object_<j>/: search its whole path.
-    ids = ids_from_layout(session / PLAN_NAME, Path(session.anchor)).override(
+    ids = ids_from_layout(session / PLAN_NAME).override(
         {"env_id": env_id, "object_id": object_id, "task": task, "operator": operator}
     )
     features, plans = plan_session(session, ids, resolution, rate_hz, progress)
