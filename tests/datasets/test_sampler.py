@@ -102,12 +102,12 @@ def test_dataloader_workers_cover_an_epoch_once_without_validation_leaks(small_s
     assert module.action_stats()["mean"].shape == (4,)
 
 
-def test_datamodule_from_yaml_with_lightning_cli_types(small_store: EpisodeStore) -> None:
-    from jsonargparse import ArgumentParser
+def test_datamodule_from_yaml_with_lightning_cli(small_store: EpisodeStore, tmp_path) -> None:
+    from lightning.pytorch.cli import LightningCLI
+    from lightning.pytorch.demos.boring_classes import BoringModel
 
-    parser = ArgumentParser()
-    parser.add_class_arguments(EpisodeDataModule, "data")
-    config = parser.parse_string(
+    config = tmp_path / "data.yaml"
+    config.write_text(
         f"""
 data:
   store: {small_store.location}
@@ -117,11 +117,17 @@ data:
   batch_size: 2
   episodes: [0, 2, 4]
   val_fraction: 0.0
+trainer:
+  logger: false
+  enable_checkpointing: false
+  default_root_dir: {tmp_path}
 """
     )
-    module = parser.instantiate_classes(config).data
+    cli = LightningCLI(BoringModel, EpisodeDataModule, run=False, args=["--config", str(config)])
+    module = cli.datamodule
     assert isinstance(module, EpisodeDataModule)
     assert module.train_episodes == [0, 2, 4] and module.val_episodes == []
+    assert module.obs_offsets == {"camera0_rgb": [-1, 0], "robot0_eef_pos": [0]}
     batch = next(iter(module.train_dataloader()))
     assert batch["action"].shape == (2, 8, 4)
     assert module.val_dataloader() == []
