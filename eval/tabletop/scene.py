@@ -220,13 +220,18 @@ def _look_at_xyaxes(
 
 def _object_body(obj: ObjectParams, name: str = "object") -> str:
     total = sum(float(np.prod(p.size)) for p in obj.parts)
+    # Lying capsules would roll away forever when pushed: give them rolling friction (condim 6).
+    if obj.family == "capsule":
+        contact = f'friction="{obj.friction:.3g} 0.005 0.004" condim="6" solref="0.02 1"'
+    else:
+        contact = f'friction="{obj.friction:.3g} 0.005 0.0001" condim="4" solref="0.02 1"'
     geoms = []
     for i, part in enumerate(obj.parts):
         material = "object_mat" if i == 0 else "object_mat2"
         geoms.append(
             f'<geom name="{name}_geom{i}" type="{part.shape}" size="{_fmt(part.size)}" pos="{_fmt(part.pos)}" '
             f'euler="{_fmt(part.euler)}" material="{material}" mass="{obj.mass * float(np.prod(part.size)) / total:.5g}" '
-            f'friction="{obj.friction:.3g} 0.005 0.0001" condim="4" solref="0.02 1"/>'
+            f"{contact}/>"
         )
     return (
         f'<body name="{name}" pos="0 0 {obj.height / 2 + 0.001:.4g}">'
