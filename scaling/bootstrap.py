@@ -121,3 +121,55 @@ def resample_scores(
         "both": "trials resampled within each design point, then rollouts within each drawn trial",
     }[mode]
     return Resamples(out, mode, description)
+
+
+def bias_corrected_interval(
+    draws: np.ndarray, estimate: np.ndarray, confidence: float
+) -> tuple[np.ndarray, np.ndarray]:
+    """Bias-corrected percentile (BC) interval of bootstrap ``draws`` (B, m) around ``estimate`` (m,).
+
+    The percentiles are shifted by the bootstrap's median bias, ``z0 = Phi^-1(share of draws below
+    the estimate)`` (ties count half), to ``Phi(2 z0 -+ z)``. With ``z0 = 0`` this is the plain
+    percentile interval. Returns (low, high), each of shape (m,).
+    """
+    from scipy.special import ndtr, ndtri
+
+    draws = np.asarray(draws, float)
+    if draws.ndim == 1:
+        draws = draws[:, None]
+    estimate = np.broadcast_to(np.asarray(estimate, float), draws.shape[1:])
+    n_draws = draws.shape[0]
+    below = (draws < estimate).mean(axis=0) + 0.5 * (draws == estimate).mean(axis=0)
+    z0 = ndtri(np.clip(below, 1.0 / (n_draws + 1), n_draws / (n_draws + 1)))
+    z = ndtri((1 + confidence) / 2)
+    ordered = np.sort(draws, axis=0)
+    columns = np.arange(draws.shape[1])
+
+    def quantile(level: np.ndarray) -> np.ndarray:
+        position = np.clip(level, 0.0, 1.0) * (n_draws - 1)
+        lower = np.floor(position).astype(int)
+        upper = np.minimum(lower + 1, n_draws - 1)
+        weight = position - lower
+        return ordered[lower, columns] * (1 - weight) + ordered[upper, columns] * weight
+
+    return quantile(ndtr(2 * z0 - z)), quantile(ndtr(2 * z0 + z))
+
+
+def percentile_interval(draws: np.ndarray, confidence: float) -> tuple[np.ndarray, np.ndarray]:
+    """Plain percentile interval of bootstrap ``draws`` (B, m): (low, high), each of shape (m,)."""
+    draws = np.asarray(draws, float)
+    if draws.ndim == 1:
+        draws = draws[:, None]
+    low, high = np.quantile(draws, [(1 - confidence) / 2, (1 + confidence) / 2], axis=0)
+    return low, high
+
+
+def bootstrap_interval(
+    kind: str, draws: np.ndarray, estimate: np.ndarray, confidence: float
+) -> tuple[np.ndarray, np.ndarray]:
+    """``"bc"`` (bias-corrected percentile) or ``"percentile"`` interval of bootstrap draws."""
+    if kind == "bc":
+        return bias_corrected_interval(draws, estimate, confidence)
+    if kind == "percentile":
+        return percentile_interval(draws, confidence)
+    raise ValueError(f"bootstrap interval kind {kind!r} unknown (bc, percentile)")

@@ -195,7 +195,6 @@ def recommend_budget(
     if fit.axis not in ("n_envs", "n_pairs"):
         raise ResultsError(f"a budget needs a law over n_envs or n_pairs, not {fit.axis!r}")
     interval_confidence = fit.confidence
-    lo_q, hi_q = (1 - interval_confidence) / 2, (1 + interval_confidence) / 2
 
     # -- the candidate grid -----------------------------------------------------------------------
     if fit.axis == "n_pairs":
@@ -237,7 +236,8 @@ def recommend_budget(
     if fit.method != "loglog":
         floor_draws = fit.bootstrap_params[:, fit.param_names.index("E")]
         floor = fit.floor
-        floor_interval = tuple(float(v) for v in np.quantile(floor_draws, [lo_q, hi_q]))
+        low, high = fit.bootstrap_interval(floor_draws, np.array([floor]))
+        floor_interval = (float(low[0]), float(high[0]))
         reachable_probability = float((1.0 - floor_draws >= target).mean())
     else:
         notes.append("the log-log law has no floor: any target looks reachable with enough data")
@@ -309,7 +309,8 @@ def recommend_budget(
         "objects": float(cost_object * pairs[i]),
         "demos": float(cost_demo * pairs[i] * demos_for_cost[i]),
     }
-    score_interval = tuple(float(v) for v in np.clip(np.quantile(draws[:, i], [lo_q, hi_q]), 0.0, 1.0))
+    low, high = fit.bootstrap_interval(draws[:, i], np.array([expected[i]]))
+    score_interval = (float(np.clip(low[0], 0, 1)), float(np.clip(high[0], 0, 1)))
     message = (
         f"collect {int(envs[i])} environments x {int(objects[i])} object(s) x "
         f"{per_pair_demos if per_pair_demos is not None else '?'} demos per pair"
