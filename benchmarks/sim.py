@@ -77,7 +77,7 @@ def rollout_rate(task: str, image_size: int, n_envs: int) -> tuple[float, float]
     holder = {}
 
     def run() -> None:
-        holder["result"] = evaluate(policy, task, split="unseen", n_envs=n_envs, n_objects=1, episodes=1,
+        holder["result"] = evaluate(policy, task, split="unseen", n_envs=n_envs, n_objects=1, episodes=n_envs,
                                     image_size=image_size, video_episodes=0, progress=False)  # fmt: skip
 
     wall, cpu = _timed(run)

@@ -26,7 +26,12 @@ def _eval_parser() -> argparse.ArgumentParser:
     parser.add_argument("--split", default="unseen", choices=["unseen", "train"])
     parser.add_argument("--envs", type=int, default=10, help="environments (first ids of the split)")
     parser.add_argument("--objects", type=int, default=1, help="objects per environment")
-    parser.add_argument("--episodes", type=int, default=1, help="rollouts per (environment, object) pair")
+    parser.add_argument(
+        "--episodes",
+        type=int,
+        default=None,
+        help="total rollouts, round-robin over the pairs (default: one per pair)",
+    )
     parser.add_argument("--workers", type=int, default=1)
     parser.add_argument("--out", default=None, help="output directory (rollouts.csv, summary.json, videos/)")
     parser.add_argument("--seed", type=int, default=0)
@@ -82,7 +87,7 @@ def main(argv: list[str]) -> int:
             split=args.split,
             n_envs=args.envs,
             n_objects=args.objects,
-            episodes=args.episodes,
+            episodes=args.episodes or args.envs * args.objects,
             workers=args.workers,
             out_dir=args.out,
             seed=args.seed,

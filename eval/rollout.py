@@ -1,7 +1,7 @@
 """Closed-loop rollout evaluation with confidence intervals, rollout tables and videos.
 
 ``evaluate`` rolls a policy out on ``n_envs`` x ``n_objects`` (environment, object) pairs of a
-split, ``episodes`` rollouts per pair. Several environments are stepped in lockstep in one process
+split, ``episodes`` rollouts in all (round-robin over the pairs). Several environments are stepped in lockstep in one process
 so that policy inference is batched; ``workers`` > 1 spreads the rollouts over processes.
 
 A policy observes a window of past observations given by its ``obs_offsets`` (frame offsets <= 0;
@@ -347,7 +347,7 @@ def evaluate(
     split: str = "unseen",
     n_envs: int = 10,
     n_objects: int = 1,
-    episodes: int = 1,
+    episodes: int | None = None,
     workers: int = 1,
     out_dir: str | os.PathLike | None = None,
     seed: int = 0,
@@ -362,13 +362,15 @@ def evaluate(
     """Roll ``policy`` out on the first ``n_envs`` x ``n_objects`` pairs of ``split``.
 
     ``policy`` is a checkpoint path (loaded with ``demoscale.policies.load_policy``), an already
-    loaded Policy, or ``"expert"`` (the task's scripted expert). ``episodes`` is the number of
-    rollouts per (environment, object) pair, so ``n_rollouts = n_envs * n_objects * episodes``.
+    loaded Policy, or ``"expert"`` (the task's scripted expert). ``episodes`` is the total number
+    of rollouts, spread round-robin over the ``n_envs * n_objects`` pairs (rollout i runs on pair
+    ``i % n_pairs``); use a multiple of the pair count for a balanced evaluation.
     The image size defaults to the policy's training size (96 for the expert). A policy whose
     observation keys/shapes or action size do not fit the task raises :class:`SpecMismatchError`
     before any rollout; unknown tasks and ids outside the documented ranges raise too.
     """
     definition = get_task(task)
+    episodes = n_envs * n_objects if episodes is None else episodes
     if min(n_envs, n_objects, episodes) < 1:
         raise ValueError("n_envs, n_objects and episodes must all be >= 1")
     envs, objects = env_ids(split, n_envs), object_ids(split, n_objects)
@@ -384,12 +386,13 @@ def evaluate(
     finally:
         probe.close()
 
-    jobs, index = [], 0
-    for e in envs:
-        for o in objects:
-            for k in range(episodes):
-                jobs.append(RolloutJob(index, e, o, _rollout_seed(seed, e, o, k), index < video_episodes))
-                index += 1
+    # Rollouts go round-robin over the pairs: rollout i -> pair i % n_pairs, its (i // n_pairs)-th episode.
+    pairs = [(e, o) for e in envs for o in objects]
+    jobs = []
+    for index in range(episodes):
+        e, o = pairs[index % len(pairs)]
+        episode = index // len(pairs)
+        jobs.append(RolloutJob(index, e, o, _rollout_seed(seed, e, o, episode), index < video_episodes))
     video_dir = str(Path(out_dir) / "videos") if out_dir is not None and video_episodes > 0 else None
     started = time.perf_counter()
     policy_ref = (
@@ -437,7 +440,7 @@ def evaluate(
         "policy": actor.name,
         "n_envs": n_envs,
         "n_objects": n_objects,
-        "episodes_per_pair": episodes,
+        "episodes": episodes,
         **summarise(rollouts),
         "mean_steps": float(rollouts["steps"].mean()),
         "image_size": image_size,

@@ -59,7 +59,7 @@ class HoldPolicy:
 
 
 def test_evaluate_expert_writes_rollouts_summary_and_videos(tmp_path) -> None:
-    result = evaluate("expert", "push", split="train", n_envs=2, n_objects=1, episodes=2, out_dir=tmp_path,
+    result = evaluate("expert", "push", split="train", n_envs=2, n_objects=1, episodes=4, out_dir=tmp_path,
                       image_size=32, video_episodes=1, progress=False)  # fmt: skip
     rollouts = pd.read_csv(tmp_path / "rollouts.csv")
     assert len(rollouts) == 4 and list(rollouts["env_id"].unique()) == [0, 1]
@@ -90,7 +90,7 @@ def test_evaluate_expert_writes_rollouts_summary_and_videos(tmp_path) -> None:
 
 def test_policy_windows_chunks_and_failures_are_scored(tmp_path) -> None:
     policy = HoldPolicy(image_size=24)
-    result = evaluate(policy, "push", split="unseen", n_envs=2, n_objects=1, episodes=1, max_steps=9,
+    result = evaluate(policy, "push", split="unseen", n_envs=2, n_objects=1, episodes=2, max_steps=9,
                       video_episodes=0, progress=False)  # fmt: skip
     # Both envs are batched in one call; a new chunk every 4 steps over 9 steps -> 3 calls.
     assert len(policy.calls) == 3
