@@ -143,7 +143,9 @@ def test_bad_inputs_fail_before_training(tabletop_store, tmp_path):
         train(config)
 
     checkpoint = tmp_path / "other.ckpt"
-    torch.save({"state_dict": {}, "demoscale": {"family": "pivot_r", "features": {}, "stats": {}}}, checkpoint)
+    torch.save(
+        {"state_dict": {}, "demoscale": {"family": "pivot_r", "features": {}, "stats": {}}}, checkpoint
+    )
     with pytest.raises(ValueError, match="pivot_r"):
         load_policy(checkpoint)
     # Resuming a diffusion run from another family's checkpoint names both families.
