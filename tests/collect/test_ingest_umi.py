@@ -99,20 +99,6 @@ def test_ingest_copies_jpegxl_bytes_and_keeps_values(tmp_path, umi_tree):
             np.testing.assert_array_equal(stored["action"][-1], pose[-1])
 
 
-def test_reingest_is_skipped_per_episode(tmp_path, umi_tree, snapshot):
-    root, first, second = umi_tree
-    ingest_umi(first, tmp_path / "store", env_id="3", object_id="17", progress=False)
-    before = snapshot(tmp_path / "store")
-    summary = ingest_umi(root, tmp_path / "store", progress=False)
-    # The first zip's episodes are already there (same content): only the second zip is written.
-    assert (summary.episodes_skipped, summary.episodes_written) == (3, 2)
-    assert summary.frames_skipped == 36
-    again = ingest_umi(root, tmp_path / "store", progress=False)
-    assert (again.episodes_skipped, again.episodes_written) == (5, 0)
-    assert before != snapshot(tmp_path / "store")
-    assert EpisodeStore.open(tmp_path / "store").n_episodes == 5
-
-
 def test_transcodes_to_jpeg_within_tolerance_with_two_workers(tmp_path, rng, make_umi_episode):
     episodes = [make_umi_episode(rng, n, robots=2) for n in (5, 7)]
     path = write_umi_zip(tmp_path / "bimanual.zarr.zip", episodes)  # our own writer, round trip
@@ -132,19 +118,26 @@ def test_transcodes_to_jpeg_within_tolerance_with_two_workers(tmp_path, rng, mak
     np.testing.assert_array_equal(stored["action"][:-1, 7:10], episodes[1]["robot1_eef_pos"][1:])
 
 
-def test_manifest_and_flags_override_the_layout(tmp_path, umi_tree):
+def test_manifest_flags_and_per_episode_reingest(tmp_path, umi_tree, second_only_store):
     root, first, second = umi_tree
+    store = tmp_path / "store"
+    shutil.copytree(second_only_store, store)  # already holds the second zip's 2 episodes
     manifest = tmp_path / "manifest.csv"
     with open(manifest, "w", newline="") as handle:
         writer = csv.writer(handle)
         writer.writerow(["source", "env_id", "object_id", "task", "operator"])
         writer.writerow([os.path.relpath(first, tmp_path), "kitchen_9", "mug_1", "", "alice"])
-    ingest_umi(root, tmp_path / "store", manifest=manifest, operator="bob", progress=False)
-    episodes = EpisodeStore.open(tmp_path / "store").episodes
-    assert list(episodes["env_id"]) == ["kitchen_9"] * 3 + ["4"] * 2
-    assert list(episodes["object_id"]) == ["mug_1"] * 3 + ["2"] * 2
-    assert set(episodes["operator"]) == {"bob"}  # the flag wins over the manifest
-    assert set(episodes["task"]) == {"cup_arrangement"}
+    summary = ingest_umi(root, store, manifest=manifest, operator="bob", progress=False)
+    # The second zip's episodes are in the store (same content): only the first zip's are written.
+    assert (summary.episodes_skipped, summary.frames_skipped, summary.episodes_written) == (2, 21, 3)
+    episodes = EpisodeStore.open(store).episodes
+    assert list(episodes["env_id"]) == ["4"] * 2 + ["kitchen_9"] * 3
+    assert list(episodes["object_id"]) == ["2"] * 2 + ["mug_1"] * 3
+    assert list(episodes["operator"])[2:] == ["bob"] * 3  # the flag wins over the manifest
+    assert set(episodes["task"]) == {"cup_arrangement"}  # the manifest's empty task keeps the layout's
+    again = ingest_umi(root, store, progress=False)
+    assert (again.episodes_skipped, again.episodes_written) == (5, 0)
+    assert EpisodeStore.open(store).n_episodes == 5
 
 
 def test_dry_run_reports_and_touches_nothing(tmp_path, umi_tree):
