@@ -64,6 +64,12 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="X",
         help="also predict the score at these axis values",
     )
+    fit.add_argument(
+        "--target-score",
+        type=float,
+        default=None,
+        help="also solve for the axis value reaching this score (e.g. 0.99), with an interval",
+    )
     fit.add_argument("--json", action="store_true", help="print JSON instead of the summary")
 
     compare = sub.add_parser(
@@ -135,16 +141,27 @@ def main(argv: list[str] | None = None) -> int:
                 bootstrap=args.bootstrap,
             )
             prediction = fit.predict(args.predict) if args.predict else None
+            required = fit.required_x(args.target_score) if args.target_score is not None else None
             if args.json:
                 payload = fit.to_dict()
                 if prediction is not None:
                     payload["prediction"] = prediction.to_dict()
+                if required is not None:
+                    payload["required_x"] = required
                 print(json.dumps(payload, indent=2))
             else:
                 print(fit.summary())
                 if prediction is not None:
                     print(f"Predicted score ({args.level:.0%} bootstrap interval):")
                     print(prediction.to_frame().to_string(index=False, float_format=lambda v: f"{v:.4g}"))
+                if required is not None:
+                    low, high = (float("inf") if v is None else v for v in required["interval"])
+                    x_needed = float("inf") if required["x"] is None else required["x"]
+                    print(
+                        f"{args.axis} for score {args.target_score:g}: {x_needed:.4g} "
+                        f"({args.level:.0%} interval {low:.4g} - {high:.4g}; "
+                        f"{required['share_of_bootstrap_laws_reaching']:.0%} of bootstrap laws get there)"
+                    )
         elif args.action == "compare":
             from demoscale.scaling.fits import compare_laws
 

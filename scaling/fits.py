@@ -220,6 +220,38 @@ class LawFit:
         clip = lambda g: np.clip(1.0 - g, 0.0, 1.0)  # noqa: E731
         return Prediction(x_arr, demos, clip(gap), clip(gap_high), clip(gap_low), interval, confidence)
 
+    def required_x(self, target: float, demos_per_pair: float | None = None) -> dict[str, Any]:
+        """The axis value at which the law reaches score ``target`` (the study's extrapolation, e.g.
+        how many pairs for 0.99), with a bootstrap interval; ``inf`` where the law never gets there
+        (alpha >= 0, or a floor above ``1 - target``). Closed form for every form."""
+        gap = 1.0 - target
+        params = np.vstack([self.param_vector, self.bootstrap_params])
+        with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
+            if self.method == "loglog":
+                alpha, beta = params[:, 0], params[:, 1]
+                x = np.where(alpha < 0, (gap / beta) ** (1.0 / alpha), np.inf)
+            elif self.method == "saturating":
+                floor, beta, alpha = params.T
+                x = np.where((alpha < 0) & (floor < gap), ((gap - floor) / beta) ** (1.0 / alpha), np.inf)
+            else:
+                d = self.demos_max if demos_per_pair is None else float(demos_per_pair)
+                floor, a_coef, a_exp, b_coef, b_exp = params.T
+                room = gap - floor - b_coef * d**-b_exp
+                x = np.where((a_exp > 0) & (room > 0), (room / a_coef) ** (-1.0 / a_exp), np.inf)
+        x = np.where(np.isnan(x), np.inf, np.maximum(x, 0.0))
+        levels = [(1 - self.confidence) / 2, (1 + self.confidence) / 2]
+        low, high = np.quantile(x[1:], levels, method="inverted_cdf")  # no interpolation across inf
+        return _json_safe(
+            {
+                "target": target,
+                "x": float(x[0]),
+                "interval": [float(low), float(high)],
+                "confidence": self.confidence,
+                "share_of_bootstrap_laws_reaching": float(np.isfinite(x[1:]).mean()),
+                "extrapolation_factor": float(x[0] / self.x_max),
+            }
+        )
+
     # -- reporting ------------------------------------------------------------------------------
     def equation_text(self, digits: int = 3) -> str:
         """The fitted equation with numbers, for legends and summaries (a floor below 1e-6 reads 0)."""

@@ -36,9 +36,21 @@ def test_fit_json_keys(results_csv, capsys):
 
 
 def test_fit_summary_and_compare_are_readable(results_csv, capsys):
-    assert main(["fit", str(results_csv), "--n-bootstrap", "100", "--predict", "64", "128"]) == 0
+    argv = [
+        "fit",
+        str(results_csv),
+        "--n-bootstrap",
+        "100",
+        "--predict",
+        "64",
+        "128",
+        "--target-score",
+        "0.9",
+    ]
+    assert main(argv) == 0
     out = capsys.readouterr().out
     assert "Pearson r (log-log)" in out and "alpha" in out and "Predicted score" in out
+    assert "n_envs for score 0.9:" in out
     assert main(["compare", str(results_csv), "--n-bootstrap", "100"]) == 0
     out = capsys.readouterr().out
     assert "loglog" in out and "saturating" in out and "aic" in out

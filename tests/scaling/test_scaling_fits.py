@@ -83,6 +83,8 @@ def test_saturating_recovers_known_floor(synthetic):
     assert fit.aic < loglog.aic
     prediction = fit.predict(1e6)
     assert prediction.score[0] == pytest.approx(1 - fit.params["E"], abs=1e-3)
+    beyond = fit.required_x(0.95)  # above the ceiling 1 - E = 0.9: never reached
+    assert beyond["x"] is None and beyond["share_of_bootstrap_laws_reaching"] < 0.1
 
 
 def test_joint_recovers_known_exponents(synthetic):
@@ -166,6 +168,11 @@ def test_predict_intervals_and_json(synthetic):
     assert wide.high[0] - wide.low[0] > narrow.high[0] - narrow.low[0]
     data = json.loads(json.dumps(fit.to_dict()))
     assert {"alpha", "beta", "r", "conf_int", "n_points"} <= set(data)
+    # The study's extrapolation: the x where the law reaches a score, and back again.
+    needed = fit.required_x(0.95)
+    assert fit.predict(needed["x"], interval=None).score[0] == pytest.approx(0.95, abs=1e-9)
+    assert needed["interval"][0] <= needed["x"] <= needed["interval"][1]
+    assert needed["extrapolation_factor"] == pytest.approx(needed["x"] / 32)
     with pytest.raises(ValueError, match="not available"):
         fit_law(trials, method="saturating", n_bootstrap=50).predict(4, interval="prediction")
 
