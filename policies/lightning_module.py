@@ -181,6 +181,13 @@ class PolicyModule(L.LightningModule):
                 fully_shard(child, mesh=mesh)
         fully_shard(self.policy, mesh=mesh)
         self._sharded = True
+        if self.ema is not None:  # the average must have the same (sharded) parameters as the model
+            self.ema = EMA(
+                self.policy,
+                max_decay=self.ema_config.max_decay,
+                power=self.ema_config.power,
+                update_after=self.ema_config.update_after,
+            )
 
     @property
     def inference_policy(self) -> nn.Module:

@@ -44,3 +44,20 @@ def test_statistics_travel_in_the_state_dict():
     target.load_state_dict(source.state_dict())
     out = target.normalize("a", torch.tensor([[2.0, 0.0]]))
     assert torch.allclose(out, torch.tensor([[1.0, -1.0]]))
+
+
+def test_temporal_ensembler_averages_overlapping_chunks():
+    from demoscale.policies import TemporalEnsembler
+
+    ensembler = TemporalEnsembler(decay=0.0)
+    ensembler.add(0, np.array([[0.0], [1.0], [2.0]]))
+    assert ensembler.action(1) == pytest.approx([1.0])
+    ensembler.add(1, np.array([[3.0], [5.0], [7.0]]))
+    assert ensembler.action(1) == pytest.approx([2.0])  # mean of 1 (old chunk) and 3 (new chunk)
+    assert ensembler.action(3) == pytest.approx([7.0])  # only the new chunk reaches step 3
+    weighted = TemporalEnsembler(decay=np.log(3.0))  # newest weight 1, previous 1/3
+    weighted.add(0, np.array([[0.0], [0.0]]))
+    weighted.add(1, np.array([[4.0], [4.0]]))
+    assert weighted.action(1) == pytest.approx([3.0])
+    with pytest.raises(ValueError, match="step 9"):
+        weighted.action(9)
