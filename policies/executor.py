@@ -160,6 +160,10 @@ class HierarchicalExecutor:
         policy: a :class:`~demoscale.policies.inference.Policy` (``load_policy``).
         mode: ``async`` (threads + latest-value buffers) or ``sync`` (inline, every n_action_steps).
         n_action_steps: actions executed per chunk in sync mode (default: the policy's).
+        replan_every: async: the fast module computes a new chunk once this many control steps have
+            passed since the newest chunk's observation (default: half of n_action_steps).
+        slow_every: async: the slow module recomputes its condition every this many control steps
+            (default: n_action_steps); the fast module always reads the latest condition.
         control_period_s: hold the control loop to this period (0: as fast as it goes).
         seed: seed of the denoising noise.
     """
@@ -171,6 +175,8 @@ class HierarchicalExecutor:
         n_action_steps: int | None = None,
         control_period_s: float = 0.0,
         seed: int = 0,
+        replan_every: int | None = None,
+        slow_every: int | None = None,
     ):
         if mode not in ("async", "sync"):
             raise ValueError(f"executor mode must be 'async' or 'sync', got {mode!r}")
@@ -178,6 +184,10 @@ class HierarchicalExecutor:
         self.mode = mode
         self.n_action_steps = int(n_action_steps or policy.n_action_steps)
         self.control_period_s = float(control_period_s)
+        self.replan_every = int(replan_every or max(1, self.n_action_steps // 2))
+        self.slow_every = int(slow_every or self.n_action_steps)
+        if not 1 <= self.replan_every <= policy.horizon:
+            raise ValueError(f"replan_every must be in 1..horizon={policy.horizon}, got {self.replan_every}")
         self.seed = seed
         self.slow, self.fast = split_policy(policy)
         self.history = ObservationHistory(policy.obs_offsets)
@@ -242,25 +252,35 @@ class HierarchicalExecutor:
             return run
 
         def slow_loop() -> None:
-            seen = 0
+            seen, last_step = 0, None
             while not observations.closed:
-                seen, (step, window) = observations.wait_newer(seen)
+                seen, value = observations.wait_newer(seen)
                 if observations.closed:
                     return
+                step, window = value
+                if last_step is not None and step - last_step < self.slow_every:
+                    continue
                 conditions.put((step, self.slow(self._tensors(window))))
                 counts["slow"] += 1
+                last_step = step
 
         def fast_loop() -> None:
             conditions.wait_newer(0)  # the first condition
-            seen = 0
+            seen, last_step = 0, None
             while not observations.closed:
-                seen, (step, window) = observations.wait_newer(seen)
+                seen, value = observations.wait_newer(seen)
                 if observations.closed:
                     return
+                step, window = value
+                # Replan once part of the newest chunk has been executed; the control loop keeps
+                # executing its remaining actions meanwhile (it stalls only past the chunk's end).
+                if last_step is not None and step - last_step < self.replan_every:
+                    continue
                 _, (_, condition) = conditions.get()
                 chunk = self.fast(condition, self._tensors(window), generator)[0].float().cpu().numpy()
                 chunks.put((step, chunk))
                 counts["fast"] += 1
+                last_step = step
 
         threads = [threading.Thread(target=guarded(loop), daemon=True) for loop in (slow_loop, fast_loop)]
         for thread in threads:
