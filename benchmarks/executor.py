@@ -9,7 +9,7 @@ Without ``--checkpoint`` a small WB-VIMA network with random weights is built on
 store (timing does not depend on the weights).
 
     python benchmarks/executor.py [--checkpoint CKPT] [--store STORE | --task fetch_shelf]
-                                  [--steps 32 --step-cost-s 0.05 --repeats 3 --threads 1] [--json [PATH]]
+                                  [--steps 32 --step-cost-s 0.1 --repeats 3 --threads 1] [--json [PATH]]
 """
 
 from __future__ import annotations
@@ -106,9 +106,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--object-id", type=int, default=0)
     parser.add_argument("--steps", type=int, default=32, help="control steps per episode")
     parser.add_argument(
-        "--step-cost-s", type=float, default=0.05, help="sleep per replayed step (robot time)"
+        "--step-cost-s", type=float, default=0.1, help="sleep per replayed step (10 Hz robot)"
     )
     parser.add_argument("--n-points", type=int, default=256, help="points of the synthetic cloud")
+    parser.add_argument("--inference-steps", type=int, help="denoising steps (default: the policy's)")
+    parser.add_argument("--replan-every", type=int, help="async: control steps between replans")
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--threads", type=int, default=1, help="torch intra-op threads")
     parser.add_argument("--json", nargs="?", const="-", help="write JSON to PATH (or stdout with no PATH)")
@@ -127,6 +129,8 @@ def main(argv: list[str] | None = None) -> int:
             policy = random_wbvima_policy(store_path, args.n_points)
         if store_path is None and not args.task:
             parser.error("--checkpoint needs --store (replay) or --task (simulation)")
+        if args.inference_steps:
+            policy.num_inference_steps = args.inference_steps
         env = make_environment(args, store_path)
         runs: dict[str, list] = {"sync": [], "async": []}
         HierarchicalExecutor(policy, mode="sync").run(env, n_steps=2)  # warm-up (allocations, lazy init)
@@ -140,7 +144,9 @@ def main(argv: list[str] | None = None) -> int:
         for repeat in range(args.repeats):
             for mode in ("sync", "async"):
                 runs[mode].append(
-                    HierarchicalExecutor(policy, mode=mode, seed=repeat).run(env, args.steps, seed=repeat)
+                    HierarchicalExecutor(policy, mode=mode, seed=repeat, replan_every=args.replan_every).run(
+                        env, args.steps, seed=repeat
+                    )
                 )
         close = getattr(env, "close", None)
         if callable(close):
