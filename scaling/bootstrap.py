@@ -12,8 +12,9 @@ each row, so intervals carry both sources of noise. Modes:
 - ``"both"``: trials within design points, then rollouts within each drawn trial (two-stage).
 - ``"residuals"``: for tables with one trial per design point and no rollout information; the
   fit's log-scale residuals are resampled and added to the fitted values (done by the fit).
-- ``"auto"``: ``"both"`` when rollout information exists, else ``"trials"`` when some design point
-  has several trials, else ``"residuals"``.
+- ``"auto"``: with rollout information, ``"both"`` when some design point has several trials and
+  ``"rollouts"`` otherwise; without it, ``"trials"`` when some design point has several trials, else
+  ``"residuals"``.
 """
 
 from __future__ import annotations
@@ -41,7 +42,7 @@ def resolve_mode(mode: str, has_rollout_info: bool, has_repeats: bool) -> str:
     if mode != "auto":
         return mode
     if has_rollout_info:
-        return "both"
+        return "both" if has_repeats else "rollouts"
     return "trials" if has_repeats else "residuals"
 
 

@@ -77,7 +77,7 @@ def test_saturating_recovers_known_floor(synthetic):
     assert fit.params["alpha"] == pytest.approx(-0.6, abs=0.1)
     low, high = fit.conf_int["E"]
     assert low <= floor <= high
-    assert fit.bootstrap_mode == "both"  # rollout counts known: trials and rollouts resampled
+    assert fit.bootstrap_mode == "rollouts"  # one trial per point, rollout counts known
     # The floor makes the saturating law fit better than the straight log-log line.
     loglog = fit_law(trials, method="loglog", n_bootstrap=100)
     assert fit.aic < loglog.aic
