@@ -128,6 +128,7 @@ def main(argv: list[str] | None = None) -> int:
         if args.json == "-":
             print(payload)
         else:
+            Path(args.json).parent.mkdir(parents=True, exist_ok=True)
             Path(args.json).write_text(payload + "\n")
     return 0
 

@@ -171,7 +171,7 @@ _ACTION_UNITS = (
 )
 
 
-def joylo_features(n_points: int, cameras: Mapping[str, tuple[int, int]], rate_hz: float) -> dict:
+def joylo_features(n_points: int | None, cameras: Mapping[str, tuple[int, int]], rate_hz: float) -> dict:
     """Store features of ingested JoyLo episodes (keys of docs/interfaces.md)."""
     from demoscale.datasets import FeatureSpec
 
@@ -188,16 +188,30 @@ def joylo_features(n_points: int, cameras: Mapping[str, tuple[int, int]], rate_h
         "odom_base_velocity": low_dim(3, "m/s,m/s,rad/s", frame="base"),
         "odom_position": low_dim(3, "m", frame="odom"),
         "odom_orientation": low_dim(4, "quaternion xyzw", frame="odom"),
-        "pointcloud_xyz": FeatureSpec(
-            kind="point_cloud", shape=(n_points, 3), dtype="float32", rate_hz=rate_hz, units="m", frame="base"
-        ),
-        "pointcloud_rgb": FeatureSpec(
-            kind="point_cloud", shape=(n_points, 3), dtype="uint8", rate_hz=rate_hz, units="rgb"
-        ),
-        "pointcloud_mask": FeatureSpec(
-            kind="point_cloud", shape=(n_points,), dtype="bool", rate_hz=rate_hz, units="True = real point"
-        ),
     }
+    if n_points is not None:
+        features.update(
+            {
+                "pointcloud_xyz": FeatureSpec(
+                    kind="point_cloud",
+                    shape=(n_points, 3),
+                    dtype="float32",
+                    rate_hz=rate_hz,
+                    units="m",
+                    frame="base",
+                ),
+                "pointcloud_rgb": FeatureSpec(
+                    kind="point_cloud", shape=(n_points, 3), dtype="uint8", rate_hz=rate_hz, units="rgb"
+                ),
+                "pointcloud_mask": FeatureSpec(
+                    kind="point_cloud",
+                    shape=(n_points,),
+                    dtype="bool",
+                    rate_hz=rate_hz,
+                    units="True = real point",
+                ),
+            }
+        )
     for camera, (height, width) in sorted(cameras.items()):
         features[f"{camera}_rgb"] = FeatureSpec(
             kind="image", shape=(height, width, 3), dtype="uint8", rate_hz=rate_hz, units="rgb"
@@ -281,25 +295,26 @@ def read_joylo_episode(group, where: str, episode: str) -> dict[str, np.ndarray]
         axis=1,
     ).astype(f32)
 
-    xyz = reader.read("obs/point_cloud/fused/xyz")
-    if xyz.ndim != 3 or xyz.shape[-1] != 3:
-        raise reader.error("obs/point_cloud/fused/xyz", f"has shape {xyz.shape}, expected (T, N, 3)")
-    rgb = reader.read("obs/point_cloud/fused/rgb")
-    if rgb.shape != xyz.shape:
-        raise reader.error(
-            "obs/point_cloud/fused/rgb", f"has shape {rgb.shape}, expected {xyz.shape} like xyz"
-        )
-    if reader.has("obs/point_cloud/fused/padding_mask"):
-        mask = reader.read("obs/point_cloud/fused/padding_mask")
-        if mask.shape != xyz.shape[:2]:
+    if reader.has("obs/point_cloud/fused/xyz"):  # recordings without a fused cloud store none
+        xyz = reader.read("obs/point_cloud/fused/xyz")
+        if xyz.ndim != 3 or xyz.shape[-1] != 3:
+            raise reader.error("obs/point_cloud/fused/xyz", f"has shape {xyz.shape}, expected (T, N, 3)")
+        rgb = reader.read("obs/point_cloud/fused/rgb")
+        if rgb.shape != xyz.shape:
             raise reader.error(
-                "obs/point_cloud/fused/padding_mask", f"has shape {mask.shape}, expected {xyz.shape[:2]}"
+                "obs/point_cloud/fused/rgb", f"has shape {rgb.shape}, expected {xyz.shape} like xyz"
             )
-    else:
-        mask = np.ones(xyz.shape[:2], bool)
-    arrays["pointcloud_xyz"] = xyz.astype(f32)
-    arrays["pointcloud_rgb"] = _as_uint8(rgb, reader, "obs/point_cloud/fused/rgb")
-    arrays["pointcloud_mask"] = mask.astype(bool)
+        if reader.has("obs/point_cloud/fused/padding_mask"):
+            mask = reader.read("obs/point_cloud/fused/padding_mask")
+            if mask.shape != xyz.shape[:2]:
+                raise reader.error(
+                    "obs/point_cloud/fused/padding_mask", f"has shape {mask.shape}, expected {xyz.shape[:2]}"
+                )
+        else:
+            mask = np.ones(xyz.shape[:2], bool)
+        arrays["pointcloud_xyz"] = xyz.astype(f32)
+        arrays["pointcloud_rgb"] = _as_uint8(rgb, reader, "obs/point_cloud/fused/rgb")
+        arrays["pointcloud_mask"] = mask.astype(bool)
 
     if "obs/rgb" in group:
         for camera in sorted(group["obs/rgb"]):
@@ -443,7 +458,8 @@ def ingest_joylo(
         for key, (shape, _) in signature.items()
         if key.endswith("_rgb") and not key.startswith("pointcloud_")
     }
-    features = joylo_features(signature["pointcloud_xyz"][0][0], cameras, rates.pop())
+    n_points = signature["pointcloud_xyz"][0][0] if "pointcloud_xyz" in signature else None
+    features = joylo_features(n_points, cameras, rates.pop())
     return write_plans(
         store,
         features,

@@ -96,6 +96,9 @@ def test_merged_brs_file_uses_its_base_velocity(tmp_path, make_joylo_episode):
     rng = np.random.default_rng(4)
     episodes = [make_joylo_episode(rng, n, cameras=("head",)) for n in (6, 8)]
     episodes[1]["obs/odom/base_velocity"] = np.full((8, 3), 0.25, np.float32)
+    for episode in episodes:  # a recording without a fused point cloud
+        for key in [k for k in episode if k.startswith("obs/point_cloud/")]:
+            del episode[key]
     merged = write_brs_merged(tmp_path / "merged.hdf5", episodes)
     assert (
         cli_main(["joylo", str(merged), "--store", str(tmp_path / "store"), "--env-id", "7", "--no-progress"])
@@ -103,6 +106,7 @@ def test_merged_brs_file_uses_its_base_velocity(tmp_path, make_joylo_episode):
     )
     store = EpisodeStore.open(tmp_path / "store")
     assert store.n_episodes == 2 and store.n_frames == 14
+    assert not any(key.startswith("pointcloud_") for key in store.features)
     assert store.episodes["source"][1] == f"{merged.resolve()}#demo_1"
     assert set(store.episodes["env_id"]) == {"7"}
     np.testing.assert_array_equal(store.episode(1)["odom_base_velocity"], np.full((8, 3), 0.25, np.float32))
