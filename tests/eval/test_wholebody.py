@@ -173,3 +173,21 @@ def test_expert_success_rate_over_fifty_training_episodes() -> None:
         env = task.make_env(k, (7 * k) % 50, **NO_RENDER)
         successes += run_expert_episode(env, seed=k)[1]
     assert successes >= 45, f"expert succeeded in {successes}/50 training episodes"
+
+
+@pytest.mark.slow
+def test_collect_sim_writes_fetch_shelf_demos_that_ingest(tmp_path) -> None:
+    from demoscale.collect.joylo import ingest_joylo
+    from demoscale.datasets import EpisodeStore
+    from demoscale.eval import collect_sim
+
+    result = collect_sim("fetch_shelf", 1, 1, 1, tmp_path / "raw", image_size=48, progress=False)
+    assert result.n_demos == 1 and result.expert_success_rate == 1.0
+    files = sorted((tmp_path / "raw" / "fetch_shelf" / "env_0" / "object_0").glob("*.h5"))
+    assert [f.name for f in files] == ["episode_0.h5"]
+    ingest_joylo(tmp_path / "raw", tmp_path / "store.zarr", progress=False)
+    store = EpisodeStore.open(tmp_path / "store.zarr")
+    assert store.n_episodes == 1 and store.n_frames == result.pairs[0].frames
+    episode = store.episode(0)
+    assert episode["pointcloud_xyz"].shape[1:] == (1024, 3) and episode["head_rgb"].shape[1:] == (48, 48, 3)
+    assert episode["action"][:, 0].max() > 0.2  # the base drove to the shelf
