@@ -67,7 +67,8 @@ class IngestSummary:
 
     @property
     def frames_per_second(self) -> float:
-        return self.frames_written / self.seconds if self.seconds > 0 else 0.0
+        """Frames written per second (0 for a dry run, which writes nothing)."""
+        return self.frames_written / self.seconds if self.seconds > 0 and not self.dry_run else 0.0
 
     def describe(self) -> str:
         verb = "would write" if self.dry_run else "wrote"
