@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import signal
 import socket
 import subprocess
@@ -154,3 +155,4 @@ def test_sweep_joins_a_cluster_started_with_ray_start(sweep_files, monkeypatch) 
     while _processes_mentioning(temp_dir) and time.monotonic() < deadline:
         time.sleep(0.5)
     assert not _processes_mentioning(temp_dir)
+    shutil.rmtree(temp_dir, ignore_errors=True)
