@@ -17,7 +17,10 @@ ingested ``action`` labels (the next frame's pose and width) replay exactly.
 
 from __future__ import annotations
 
+import importlib
+import importlib.util
 import os
+import sys
 from collections.abc import Sequence
 
 import numpy as np
@@ -69,10 +72,23 @@ def _nlerp(q0: np.ndarray, q1: np.ndarray, fraction: float) -> np.ndarray:
 _GL_CONTEXT = None
 
 
+def _load_triton_first() -> None:
+    """Mesa's software renderer loads its own LLVM when a GL context is created; Triton (which torch
+    pulls in) bundles another, and loading Triton after a context exists crashes the process
+    (segmentation fault). Loading Triton first is safe, so do it when it is installed."""
+    if "triton.knobs" in sys.modules or importlib.util.find_spec("triton") is None:
+        return
+    try:
+        importlib.import_module("triton.knobs")
+    except Exception:  # a broken Triton is torch's problem, not a reason to stop rendering
+        pass
+
+
 def _shared_gl_context():
     """One GL context per process: creating one costs ~1 s with software EGL, a model context ~ms."""
     global _GL_CONTEXT
     if _GL_CONTEXT is None:
+        _load_triton_first()
         from mujoco.rendering.classic import gl_context
 
         _GL_CONTEXT = gl_context.GLContext(64, 64)
