@@ -14,7 +14,7 @@ from typing import Any
 import fsspec
 import pandas as pd
 import yaml
-from demoscale.ray_jobs.config import BudgetRule, SweepConfig
+from demoscale.ray_jobs.config import BudgetRule, SweepConfig, SweepConfigError
 
 
 class InfeasibleGridError(ValueError):
@@ -121,7 +121,7 @@ def policy_batch_size(config: SweepConfig, policy: str) -> int:
         training = yaml.safe_load(handle) or {}
     value = (training.get("data") or {}).get("batch_size")
     if value is None:
-        raise InfeasibleGridError(
+        raise SweepConfigError(
             f"budget.rule 'epochs' needs a batch size: set budget.batch_size or data.batch_size in {path}"
         )
     return int(value)
@@ -135,7 +135,11 @@ def plan_trials(config: SweepConfig, episodes: pd.DataFrame, store: str) -> list
     """
     from demoscale.datasets import select_subset
 
-    batch_sizes = {name: policy_batch_size(config, name) for name in config.grid.policy}
+    # Only the epochs rule divides by a batch size; a fixed budget never reads the training config.
+    batch_sizes = {
+        name: policy_batch_size(config, name) if config.budget.rule == "epochs" else 0
+        for name in config.grid.policy
+    }
     lengths = dict(zip(episodes["episode_index"].astype(int), episodes["length"].astype(int), strict=True))
     planned = []
     for point in grid_points(config):

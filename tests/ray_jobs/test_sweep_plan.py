@@ -186,3 +186,14 @@ def test_results_table_adds_replaces_and_never_duplicates(tmp_path: Path) -> Non
     assert len(stored) == 1 and stored["env_id"].tolist() == ["1000"] and "stage_0" in stored
     assert table.finished_trial_ids() == {"a", "b"}
     assert not list((tmp_path / "out").glob("*.tmp"))
+
+
+def test_fixed_budget_does_not_need_a_batch_size(tmp_path: Path, sweep_files, sweep_store: Path) -> None:
+    (tmp_path / "bare.yaml").write_text("trainer: {max_steps: 1}\n")
+    sweep = dict(sweep_files["sweep"], policies={"bare": {"config": str(tmp_path / "bare.yaml")}})
+    episodes = EpisodeStore.open(sweep_store).episodes
+    plan = plan_trials(sweep_config_from_dict(sweep), episodes, str(sweep_store))
+    assert [p["train_steps"] for p in plan] == [4, 4, 4, 4]
+    epochs = dict(sweep, budget={"rule": "epochs", "epochs": 1})
+    with pytest.raises(SweepConfigError, match="needs a batch size"):
+        plan_trials(sweep_config_from_dict(epochs), episodes, str(sweep_store))
