@@ -89,6 +89,7 @@ def build_parser() -> argparse.ArgumentParser:
         "--methods", nargs="*", default=["loglog", "saturating"], choices=["loglog", "saturating"]
     )
     plot.add_argument("--interval-confidence", "--level", dest="level", type=float, default=0.9)
+    plot.add_argument("--dpi", type=int, default=150, help="PNG resolution (default 150)")
     plot.add_argument(
         "--extrapolate", type=float, default=4.0, help="shade up to this factor beyond the data"
     )
@@ -190,6 +191,7 @@ def main(argv: list[str] | None = None) -> int:
                 confidence=args.level,
                 seed=args.seed,
                 extrapolate=args.extrapolate,
+                dpi=args.dpi,
             )
             for path in paths:
                 print(path)

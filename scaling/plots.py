@@ -152,6 +152,7 @@ def plot_laws(
     extrapolate: float = 4.0,
     name: str = "scaling_laws",
     separate: bool = True,
+    dpi: int = 150,
 ) -> list[Path]:
     """Draw one log-log panel per axis present (environments, objects, pairs, demos per pair).
 
@@ -160,7 +161,7 @@ def plot_laws(
     a normal interval over trials, each fitted law with its bootstrap band and fitted equation, and
     the extrapolation region (up to ``extrapolate`` x the largest tested value) shaded. Writes
     ``<name>.png`` and ``<name>.svg`` (all panels) and, when ``separate``, ``<name>_<axis>.png/.svg``
-    per panel; returns the paths written.
+    per panel (PNG at ``dpi``); returns the paths written.
     """
     results = as_results_table(table, rollouts)
     out_dir = Path(out_dir)
@@ -195,7 +196,7 @@ def plot_laws(
         raise ResultsError(f"{results.source}: nothing to plot ({'; '.join(skipped) or 'no axis varies'})")
 
     with plt.rc_context({"svg.fonttype": "none"}):  # SVG text stays text: smaller, searchable, faster
-        return _render(panels, out_dir, name, separate, extrapolate, confidence)
+        return _render(panels, out_dir, name, separate, extrapolate, confidence, dpi)
 
 
 def _render(
@@ -205,6 +206,7 @@ def _render(
     separate: bool,
     extrapolate: float,
     confidence: float,
+    dpi: int,
 ) -> list[Path]:
     written: list[Path] = []
     figure, grid_axes = plt.subplots(1, len(panels), figsize=(6.4 * len(panels), 5.2), squeeze=False)
@@ -216,7 +218,7 @@ def _render(
     figure.tight_layout()
     for suffix in ("png", "svg"):
         path = out_dir / f"{name}.{suffix}"
-        figure.savefig(path, dpi=150)
+        figure.savefig(path, dpi=dpi)
         written.append(path)
     plt.close(figure)
     for axis, fits in panels if separate else []:
@@ -225,7 +227,7 @@ def _render(
         figure.tight_layout()
         for suffix in ("png", "svg"):
             path = out_dir / f"{name}_{axis}.{suffix}"
-            figure.savefig(path, dpi=150)
+            figure.savefig(path, dpi=dpi)
             written.append(path)
         plt.close(figure)
     return written

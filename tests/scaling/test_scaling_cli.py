@@ -76,7 +76,7 @@ def test_recommend_json(results_csv, capsys):
 def test_plot_writes_one_file_pair_per_axis(results_csv, tmp_path, capsys):
     out_dir = tmp_path / "figures"
     argv = ["plot", str(results_csv), "--out", str(out_dir), "--axes", "n_envs", "--methods", "loglog"]
-    assert main([*argv, "--n-bootstrap", "50"]) == 0
+    assert main([*argv, "--n-bootstrap", "50", "--dpi", "72"]) == 0
     printed = [line.rsplit("/", 1)[-1] for line in capsys.readouterr().out.split()]
     assert printed == [
         "scaling_laws.png",

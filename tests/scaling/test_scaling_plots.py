@@ -15,7 +15,7 @@ def test_plots_written_as_png_and_svg(tmp_path, synthetic):
     table = pd.concat([by_envs, by_objects], ignore_index=True)
     table.loc[len(by_envs) - 1, "score"] = 1.0  # a perfect trial goes through the 0/1 rule
     # All panels in one figure (rendering is the slow part; per-axis files are checked below).
-    paths = plot_laws(table, tmp_path / "plots", n_bootstrap=100, separate=False)
+    paths = plot_laws(table, tmp_path / "plots", n_bootstrap=100, separate=False, dpi=72)
     assert [path.name for path in paths] == ["scaling_laws.png", "scaling_laws.svg"]
     for path in paths:
         assert path.exists() and path.stat().st_size > 20_000, path
