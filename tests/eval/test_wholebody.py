@@ -92,7 +92,7 @@ def test_backprojection_and_padding() -> None:
         sample_fixed(points, np.zeros((24, 3), np.uint8), 8, rng, method="grid")
 
 
-@pytest.mark.parametrize("env_id,object_id", [(0, 0), (3, 5)])
+@pytest.mark.parametrize("env_id,object_id", [(3, 5)])  # 50 episodes: the slow test below
 def test_expert_succeeds_on_training_ids(env_id: int, object_id: int) -> None:
     env = get_task("fetch_shelf").make_env(env_id, object_id, **NO_RENDER)
     episode, success = run_expert_episode(env, seed=1)
@@ -191,3 +191,22 @@ def test_collect_sim_writes_fetch_shelf_demos_that_ingest(tmp_path) -> None:
     episode = store.episode(0)
     assert episode["pointcloud_xyz"].shape[1:] == (1024, 3) and episode["head_rgb"].shape[1:] == (48, 48, 3)
     assert episode["action"][:, 0].max() > 0.2  # the base drove to the shelf
+
+
+def test_triton_loading_after_rendering_does_not_crash() -> None:
+    # Mesa's LLVM (software GL) and Triton's LLVM crash the process when Triton loads second; the env
+    # loads Triton before its first GL context. A separate process, so a crash cannot take pytest down.
+    import importlib.util
+    import subprocess
+    import sys
+
+    if importlib.util.find_spec("triton") is None:
+        pytest.skip("Triton is not installed")
+    script = (
+        "from demoscale.eval import make_env\n"
+        "env = make_env('fetch_shelf', 0, 0, image_size=16, n_points=32)\n"
+        "import triton.knobs\n"
+        "env.step(env.last_action)\n"
+    )
+    run = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120)
+    assert run.returncode == 0, run.stderr[-2000:]
