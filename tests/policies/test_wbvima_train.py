@@ -147,7 +147,7 @@ def test_wbvima_trains_through_the_cli_and_loads_for_inference(joylo_store, tmp_
     from demoscale.policies import load_policy, train
 
     config = wbvima_config(
-        joylo_store, tmp_path / "run", max_steps=24, batch_size=8, prediction_type="sample"
+        joylo_store, tmp_path / "run", max_steps=12, batch_size=8, prediction_type="sample"
     )
     result = train(config)
     assert result.steps == 12
@@ -187,3 +187,22 @@ def test_chain_that_does_not_match_the_store_fails_before_training(joylo_store, 
         train(wbvima_config(joylo_store, tmp_path / "bad", max_steps=1, chain=chain))
     with pytest.raises(ValueError, match="expects 4096"):
         train(wbvima_config(joylo_store, tmp_path / "bad2", max_steps=1, point_cloud={"n_points": 4096}))
+
+
+@pytest.mark.parametrize("name", ["wbvima_joylo.yaml", "wbvima_sim.yaml"])
+def test_shipped_configs_parse_and_fit_a_joylo_store(name, capsys):
+    import yaml
+    from demoscale.policies.cli import make_cli
+    from demoscale.policies.config_utils import from_plain
+    from demoscale.policies.wbvima import WBVIMAConfig, validate_against_features
+    from test_wbvima_model import joylo_features
+
+    path = Path(__file__).resolve().parents[2] / "configs" / name
+    with pytest.raises(SystemExit) as exit_info:
+        make_cli(["fit", f"--config={path}", "--print_config"], run=True)
+    assert exit_info.value.code in (0, None)
+    assert "WBVIMAModule" in capsys.readouterr().out
+    settings = yaml.safe_load(path.read_text())["model"]["init_args"]["policy"]
+    config = from_plain(WBVIMAConfig, settings)
+    assert [part.name for part in config.chain] == ["mobile_base", "torso", "arms"]
+    validate_against_features(config, joylo_features(config.point_cloud.n_points))
