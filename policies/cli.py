@@ -15,6 +15,7 @@ flags; ``--print_config`` prints the resolved configuration. Added on top of Lig
 
 from __future__ import annotations
 
+import os
 import sys
 from typing import Any
 
@@ -34,7 +35,6 @@ class PolicyCLI(LightningCLI):
             {
                 "checkpoint.save_last": True,
                 "checkpoint.every_n_train_steps": 1000,
-                "checkpoint.save_top_k": -1 if False else 1,
                 "checkpoint.filename": "step{step:07d}",
                 "checkpoint.auto_insert_metric_name": False,
             }
@@ -50,6 +50,10 @@ class PolicyCLI(LightningCLI):
                 "class_path": "lightning.pytorch.loggers.CSVLogger",
                 "init_args": {"save_dir": trainer.get("default_root_dir") or "runs", "name": "logs"},
             }
+        checkpoint = config.get("checkpoint")
+        if checkpoint is not None and not checkpoint.get("dirpath"):
+            # One fixed folder per run (not per logger version), so that --ckpt_path last finds it.
+            checkpoint["dirpath"] = os.path.join(trainer.get("default_root_dir") or "runs", "checkpoints")
         model_args = (
             config["model"].get("init_args", {}) if "init_args" in config["model"] else config["model"]
         )

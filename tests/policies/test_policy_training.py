@@ -111,8 +111,10 @@ def test_load_policy_needs_no_store_and_predicts_batches(tabletop_store, tmp_pat
     store_copy = tmp_path / "copy.zarr"
     shutil.copytree(tabletop_store, store_copy)
     config = tiny_config(store_copy, tmp_path / "run")
-    config["trainer"].update({"max_steps": 2, "limit_val_batches": 0})
+    config["trainer"].update({"max_steps": 2, "limit_val_batches": 0, "logger": True})
     result = train(config)
+    resumed = train(config, {"ckpt_path": "last", "trainer.max_steps": 3})  # finds runs' last.ckpt
+    assert resumed.steps == 3 and resumed.checkpoint_path == result.checkpoint_path
     episode = EpisodeStore.open(store_copy).episode(1)
     shutil.rmtree(store_copy)  # the checkpoint alone must be enough
 
