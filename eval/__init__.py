@@ -14,13 +14,14 @@ from demoscale.eval.ids import IdRangeError, env_id, env_ids, object_id, object_
 from demoscale.eval.tasks import TASKS, TaskDefinition, UnknownTaskError, get_task, make_env, task_names
 
 if TYPE_CHECKING:  # pragma: no cover
-    from demoscale.eval.rollout import EvalResult, evaluate, wilson_interval
+    from demoscale.eval.rollout import EvalResult, SpecMismatchError, evaluate, wilson_interval
     from demoscale.eval.scores import import_scores
 
 _LAZY = {
     "evaluate": "demoscale.eval.rollout",
     "EvalResult": "demoscale.eval.rollout",
     "wilson_interval": "demoscale.eval.rollout",
+    "SpecMismatchError": "demoscale.eval.rollout",
     "import_scores": "demoscale.eval.scores",
 }
 
@@ -37,6 +38,7 @@ __all__ = [
     "TASKS",
     "EvalResult",
     "IdRangeError",
+    "SpecMismatchError",
     "TaskDefinition",
     "UnknownTaskError",
     "collect_sim",
