@@ -100,8 +100,9 @@ class BudgetRecommendation:
             ]
         if self.floor is not None:
             low, high = self.floor_interval
+            floor = 0.0 if self.floor < 1e-6 else self.floor
             lines.append(
-                f"Fitted floor (gap no data removes): E = {self.floor:.3g} ({pct} interval {low:.3g} - {high:.3g})"
+                f"Fitted floor (gap no data removes): E = {floor:.3g} ({pct} interval {low:.3g} - {high:.3g})"
             )
         if self.marginal_value_env is not None or self.marginal_value_demo is not None:
             where = ", ".join(f"{k} {v:g}" for k, v in (self.marginal_at or {}).items())

@@ -555,6 +555,16 @@ def fit_law(
             notes.append(
                 "alpha hit its bound 0: the gap does not fall with x here; E and beta are not identified"
             )
+        if point[0] <= 1e-6:
+            notes.append("E = 0 (its bound): no floor is detected in these data")
+        if method == "joint":
+            for index, name in ((2, "a"), (4, "b")):
+                if point[index] >= model.upper[index] - 1e-6:
+                    term = "x" if name == "a" else "d"
+                    notes.append(
+                        f"{name} hit its bound {model.upper[index]:g}: the {term} term acts as a step and is "
+                        "poorly determined by these data (see its interval)"
+                    )
 
     # -- bootstrap ------------------------------------------------------------------------------
     has_rollout_info = results.has_rollout_outcomes() or counts is not None
