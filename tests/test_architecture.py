@@ -87,3 +87,18 @@ def test_dispatcher_starts_without_heavy_imports() -> None:
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert "usage: demoscale" in result.stdout
     assert result.stdout.strip().splitlines()[-1] == "heavy="
+
+
+def test_every_subpackage_is_packaged() -> None:
+    """A folder with an __init__.py missing from pyproject's package list would vanish from a wheel."""
+    import tomllib
+
+    setuptools = tomllib.loads((REPO_ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]
+    listed = set(setuptools["packages"])
+    folder_of = {folder: name for name, folder in setuptools["package-dir"].items()}
+    found = set()
+    for folder, name in folder_of.items():
+        for init in (REPO_ROOT / folder).rglob("__init__.py"):
+            relative = init.parent.relative_to(REPO_ROOT / folder).parts
+            found.add(".".join((name, *relative)))
+    assert found - listed == set(), f"add to [tool.setuptools] packages: {sorted(found - listed)}"
