@@ -88,3 +88,27 @@ def test_waypoint_head_trains_in_wbvima(tmp_path):
     first = np.mean([h["waypoint_loss"] for h in history[:3]])
     last = np.mean([h["waypoint_loss"] for h in history[-3:]])
     assert last < 0.5 * first, [round(h["waypoint_loss"], 4) for h in history]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("family", ["wbvima", "diffusion"])
+def test_waypoint_head_through_the_cli(tmp_path, family):
+    """`waypoint_head: true` reaches the sampler through the policy's data window, and the checkpoint loads."""
+    from demoscale.policies import load_policy, train
+
+    if family == "wbvima":
+        path = build_joylo_store(tmp_path / "joylo.zarr", n_episodes=2)
+        config = wbvima_config(path, tmp_path / "run", max_steps=3, waypoint_head=True)
+    else:
+        path = build_tabletop_store(tmp_path / "tabletop.zarr", n_episodes=3)
+        config = tiny_config(path, tmp_path / "run", waypoint_head=True)
+        config["trainer"].update(max_steps=3, limit_val_batches=0)
+    label_store_waypoints(str(path), threshold=0.01)
+    result = train(config)
+    assert result.steps == 3
+    policy = load_policy(result.checkpoint_path)
+    assert policy.network.waypoint_head is not None
+    store = EpisodeStore.open(path)
+    window = {key: store.read(key, 0, 2) for key in policy.obs_offsets}
+    window = {key: value[-len(policy.obs_offsets[key]) :] for key, value in window.items()}
+    assert np.isfinite(policy.predict_action(window, seed=0)).all()
