@@ -22,8 +22,15 @@ class ResultsWriter(Callback):
         result = trial.last_result or {}
         if "row" not in result:
             return
-        self.table.add_trial(result["row"], result.get("rollouts") or [])
-        self.written.append(result["row"]["trial_id"])
+        trial_id = result["row"]["trial_id"]
+        try:
+            self.table.add_trial(result["row"], result.get("rollouts") or [])
+        except Exception as err:  # an exception here would make Tune rerun a finished trial
+            message = f"could not add trial {trial_id} to {self.table.folder}: {err!r}"
+            print(f"demoscale sweep: {message}", file=sys.stderr)
+            self.failed[trial_id] = message
+            return
+        self.written.append(trial_id)
 
     def on_trial_error(self, iteration: int, trials: list, trial: Any, **info: Any) -> None:
         self.failed[_trial_id(trial)] = str(

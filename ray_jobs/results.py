@@ -106,6 +106,9 @@ class ResultsTable:
         new_rollouts = pd.DataFrame(rollouts)
         if len(new_rollouts):
             new_rollouts["trial_id"] = trial
+            for key in ("env_id", "object_id"):  # ids are strings everywhere (evaluate may give ints)
+                if key in new_rollouts:
+                    new_rollouts[key] = new_rollouts[key].astype(str)
             ordered = [c for c in ROLLOUT_COLUMNS if c in new_rollouts] + sorted(
                 c for c in new_rollouts if c not in ROLLOUT_COLUMNS
             )

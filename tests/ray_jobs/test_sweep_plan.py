@@ -163,7 +163,20 @@ def test_results_table_adds_replaces_and_never_duplicates(tmp_path: Path) -> Non
         },
     ]
     table.add_trial(_row("a", 0.5), [dict(r, rollout_index=i) for i, r in enumerate(rollouts)])
-    table.add_trial(_row("b", 0.25), [])
+    table.add_trial(
+        _row("b", 0.25),
+        [
+            {
+                "env_id": 1002,
+                "object_id": 2001,
+                "seed": 0,
+                "score": 0.0,
+                "success": False,
+                "steps": 5,
+                "rollout_index": 0,
+            }
+        ],
+    )  # ints, as evaluate gives
     table.add_trial(_row("a", 0.75), [dict(rollouts[0], rollout_index=0)])  # a retried/rerun trial replaces
     results = table.results()
     assert list(results.columns) == RESULT_COLUMNS
@@ -183,7 +196,8 @@ def test_results_table_adds_replaces_and_never_duplicates(tmp_path: Path) -> Non
         "success",
         "steps",
     ]
-    assert len(stored) == 1 and stored["env_id"].tolist() == ["1000"] and "stage_0" in stored
+    assert stored["env_id"].tolist() == ["1002", "1000"] and "stage_0" in stored
+    assert pd.read_parquet(tmp_path / "out" / "rollouts.parquet")["object_id"].tolist() == ["2001", "2000"]
     assert table.finished_trial_ids() == {"a", "b"}
     assert not list((tmp_path / "out").glob("*.tmp"))
 
