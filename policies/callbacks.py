@@ -8,6 +8,7 @@ from typing import Any
 
 import lightning as L
 import torch
+from lightning.pytorch.callbacks import ModelCheckpoint
 
 
 class ThroughputLogger(L.Callback):
@@ -131,3 +132,21 @@ class ScheduledGC(L.Callback):
     ) -> None:
         if self._was_enabled:
             gc.enable()
+
+
+class PolicyCheckpoint(ModelCheckpoint):
+    """ModelCheckpoint that always writes ``last.ckpt`` at the final step of training.
+
+    Lightning's own ``save_last`` writes at the end only when no ``last`` was written earlier in the
+    run, so steps after the last periodic checkpoint would be lost.
+    """
+
+    def on_train_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        if (
+            self.save_last
+            and self._last_global_step_saved != trainer.global_step
+            and not trainer.sanity_checking
+        ):
+            self._save_last_checkpoint(trainer, self._monitor_candidates(trainer))
+            self._last_global_step_saved = trainer.global_step
+        super().on_train_end(trainer, pl_module)

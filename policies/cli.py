@@ -4,7 +4,7 @@ Every Trainer, model (``model.init_args.*``) and data (``data.*``) argument is s
 flags; ``--print_config`` prints the resolved configuration. Added on top of Lightning's defaults:
 
 - ``checkpoint.*``: a ModelCheckpoint (every ``every_n_train_steps`` optimizer steps and
-  ``save_last=True``); ``--ckpt_path last`` resumes from it;
+  ``save_last=True``, and ``last.ckpt`` also at the final step); ``--ckpt_path last`` resumes from it;
 - ``throughput.*``: :class:`~demoscale.policies.callbacks.ThroughputLogger`;
 - ``gc.*``: :class:`~demoscale.policies.callbacks.ScheduledGC`;
 - a CSV logger under ``trainer.default_root_dir`` unless ``trainer.logger`` is set (TensorBoard
@@ -19,10 +19,9 @@ import os
 import sys
 from typing import Any
 
-from demoscale.policies.callbacks import ScheduledGC, ThroughputLogger
+from demoscale.policies.callbacks import PolicyCheckpoint, ScheduledGC, ThroughputLogger
 from demoscale.policies.data import PolicyDataModule
 from demoscale.policies.lightning_module import PolicyModule
-from lightning.pytorch.callbacks import ModelCheckpoint
 from lightning.pytorch.cli import LightningCLI
 
 
@@ -30,7 +29,7 @@ class PolicyCLI(LightningCLI):
     """LightningCLI with demoscale's default callbacks, logger and batch-size rule."""
 
     def add_arguments_to_parser(self, parser: Any) -> None:
-        parser.add_lightning_class_args(ModelCheckpoint, "checkpoint")
+        parser.add_lightning_class_args(PolicyCheckpoint, "checkpoint")
         parser.set_defaults(
             {
                 "checkpoint.save_last": True,

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import sys
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -73,7 +74,13 @@ def train(
     from demoscale.policies.cli import make_cli
 
     start = time.perf_counter()
-    cli = make_cli(train_args(config, overrides), run=True)
+    # The CLI reads only the given arguments, never the calling program's own command line.
+    saved_argv = sys.argv
+    sys.argv = sys.argv[:1]
+    try:
+        cli = make_cli(train_args(config, overrides), run=True)
+    finally:
+        sys.argv = saved_argv
     trainer = cli.trainer
     checkpoint = trainer.checkpoint_callback
     path = ""

@@ -115,6 +115,8 @@ def test_load_policy_needs_no_store_and_predicts_batches(tabletop_store, tmp_pat
     result = train(config)
     resumed = train(config, {"ckpt_path": "last", "trainer.max_steps": 3})  # finds runs' last.ckpt
     assert resumed.steps == 3 and resumed.checkpoint_path == result.checkpoint_path
+    # last.ckpt holds the final step even though no periodic checkpoint fell on it.
+    assert torch.load(resumed.checkpoint_path, weights_only=False)["global_step"] == 3
     episode = EpisodeStore.open(store_copy).episode(1)
     shutil.rmtree(store_copy)  # the checkpoint alone must be enough
 
