@@ -49,7 +49,8 @@ class EvalSpec:
     """How a trained checkpoint is scored.
 
     ``mode: rollouts`` calls ``demoscale.eval.evaluate`` on ``split`` (held-out envs/objects): the
-    first ``n_envs`` x ``n_objects`` pairs of the split, ``episodes`` rollouts per pair; ``seed`` is
+    first ``n_envs`` x ``n_objects`` pairs of the split, ``episodes`` rollouts in total spread
+    round-robin over those pairs; ``seed`` is
     the same for every trial so that all trials are compared on the same unseen settings; ``options``
     are further keyword arguments of ``evaluate`` (no videos and no progress bar by default).
     ``mode: offline`` needs no simulator: the score is ``exp(-metric)`` of the training run's
