@@ -98,7 +98,9 @@ class PolicyDataModule(EpisodeDataModule):
         module = self.trainer.lightning_module if self.trainer is not None else None
         window = module.data_window() if module is not None and hasattr(module, "data_window") else None
         if window is None:
-            missing = [name for name, value in self._explicit.items() if value is None and name != "waypoint_keys"]
+            missing = [
+                name for name, value in self._explicit.items() if value is None and name != "waypoint_keys"
+            ]
             if missing:
                 raise ValueError(f"data.{missing} must be given when the model does not define the window")
         else:

@@ -84,7 +84,7 @@ def test_waypoint_head_trains_in_wbvima(tmp_path):
         str(path), config.obs_offsets, config.action_keys, config.horizon, waypoint_keys=config.waypoint_keys
     )
     assert dataset[0]["waypoint_obs"]["pointcloud_xyz"].shape == (1, 24, 3)
-    history = _train(policy, dataset, steps=12)
+    history = _train(policy, dataset, steps=20)
     first = np.mean([h["waypoint_loss"] for h in history[:3]])
     last = np.mean([h["waypoint_loss"] for h in history[-3:]])
     assert last < 0.5 * first, [round(h["waypoint_loss"], 4) for h in history]
