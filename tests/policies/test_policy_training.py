@@ -142,6 +142,10 @@ def test_bad_inputs_fail_before_training(tabletop_store, tmp_path):
         train(config)
     assert not (tmp_path / "run" / "checkpoints").exists()
 
+    # data.episodes reaches the DataModule: an episode the store lacks fails before training.
+    with pytest.raises(Exception, match="episode indices must be in 0:4"):
+        train(tiny_config(tabletop_store, tmp_path / "run"), {"data.episodes": [1, 5]})
+
     config = tiny_config(tabletop_store, tmp_path / "run", horizon=32)
     with pytest.raises(ValueError, match="longer than every training episode"):
         train(config)
