@@ -4,8 +4,8 @@ For every registered simulated task (one per family by default, ``--tasks`` to c
 in this one process, control steps per second at the image size (default 96x96) with the
 scripted expert acting (physics, rendering of the observation cameras, expert), the same without
 rendering where the family supports ``render=False``, and rollouts per second through
-``demoscale.eval.evaluate`` with a trivial policy that holds its pose (every rollout runs to the
-task's step limit). Rates are given per wall-clock second and per CPU second of this process (the
+``demoscale.eval.evaluate`` with a trivial policy (tabletop: hold the current pose; other families:
+all-zero actions), so every rollout runs to the task's step limit. Rates are given per wall-clock second and per CPU second of this process (the
 per-core figure on a shared machine); medians over ``--repeats``.
 
     python benchmarks/sim.py [--json] [--image-size 96] [--steps 200] [--repeats 3]
@@ -37,6 +37,19 @@ class HoldPose:
         pos, rot = windows["robot0_eef_pos"][:, -1], windows["robot0_eef_rot_axis_angle"][:, -1]
         chunk = np.concatenate([pos, rot, np.full((len(pos), 1), 0.08)], axis=1)
         return np.repeat(chunk[:, None], 8, axis=1)
+
+
+class ZeroAction:
+    """A trivial policy for any task: observes one low-dim key, outputs all-zero action chunks."""
+
+    def __init__(self, key: str, action_dim: int) -> None:
+        self.obs_offsets = {key: [0]}
+        self.n_action_steps = 8
+        self.action_dim = action_dim
+
+    def predict_action_batch(self, windows, seed=None) -> np.ndarray:
+        batch = len(next(iter(windows.values())))
+        return np.zeros((batch, 8, self.action_dim))
 
 
 def _timed(fn) -> tuple[float, float]:
@@ -73,7 +86,10 @@ def step_rate(task: str, image_size: int, steps: int, render: bool = True) -> tu
 
 def rollout_rate(task: str, image_size: int, n_envs: int) -> tuple[float, float]:
     definition = get_task(task)
-    policy = HoldPose(definition.action_dim)
+    if definition.family == "tabletop":
+        policy = HoldPose(definition.action_dim)
+    else:
+        policy = ZeroAction(next(iter(definition.low_dim_features)), definition.action_dim)
     holder = {}
 
     def run() -> None:
