@@ -1,0 +1,265 @@
+"""Training-step throughput of the diffusion policy, measured side by side in one run.
+
+1. The full training step through ``demoscale.policies.train`` (Lightning, data read from a real
+   store on disk through the DataModule, EMA, logging) vs the same model's forward + backward +
+   AdamW on a batch already in memory: ``overhead_ratio`` (target >= 0.9) and the median
+   ``data_wait_fraction`` (target <= 0.05).
+2. The effect of each throughput flag available on this machine, on in-memory batches, as a ratio
+   to the fp32 baseline: bf16 autocast, channels_last, activation checkpointing, gradient
+   accumulation (two half-size micro-batches per step), ``torch.compile`` (``--compile``; cold
+   compilation takes about a minute and is excluded from the timing).
+3. Inference latency of one action chunk (batch 1) with 16 DDIM steps.
+
+Prints a table; ``--json`` also prints (and with ``--out`` writes) the numbers as JSON. Medians
+throughout.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import statistics
+import tempfile
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import numpy as np
+import torch
+
+
+def build_store(path: Path, n_episodes: int, length: int, image_size: int) -> Path:
+    """A tabletop-layout store: camera, end-effector pose, gripper, next-pose action."""
+    from demoscale.datasets import EpisodeStore, FeatureSpec
+
+    rng = np.random.default_rng(0)
+    features = {
+        "camera0_rgb": FeatureSpec(kind="image", shape=(image_size, image_size, 3), dtype="uint8"),
+        "robot0_eef_pos": FeatureSpec(kind="low_dim", shape=(3,)),
+        "robot0_eef_rot_axis_angle": FeatureSpec(kind="low_dim", shape=(3,)),
+        "robot0_gripper_width": FeatureSpec(kind="low_dim", shape=(1,)),
+        "action": FeatureSpec(kind="low_dim", shape=(7,)),
+    }
+    store = EpisodeStore.create(path, features, image_codec="jpeg")
+    for episode in range(n_episodes):
+        t = np.linspace(0, 1, length, dtype=np.float32)[:, None]
+        pos = (rng.uniform(-0.2, 0.2, 3) + rng.uniform(-0.3, 0.3, 3) * t).astype(np.float32)
+        rot = np.concatenate([0.3 * np.sin(2 * t), 0.2 * t, 0.1 + 0 * t], 1).astype(np.float32)
+        grip = (0.04 + 0.03 * (t > 0.5)).astype(np.float32)
+        images = rng.integers(0, 255, (length, image_size, image_size, 3), dtype=np.uint8)
+        state = np.concatenate([pos, rot, grip], 1)
+        store.append_episode(
+            {
+                "camera0_rgb": images,
+                "robot0_eef_pos": pos,
+                "robot0_eef_rot_axis_angle": rot,
+                "robot0_gripper_width": grip,
+                "action": np.concatenate([state[1:], state[-1:]]),
+            },
+            env_id=str(episode),
+            object_id="0",
+            source=f"bench/{episode}",
+            source_sha256=f"{episode:064d}",
+        )
+    return path
+
+
+def policy_dict(args: argparse.Namespace) -> dict:
+    return {
+        "obs_offsets": {
+            "camera0_rgb": [-1, 0],
+            "robot0_eef_pos": [-1, 0],
+            "robot0_eef_rot_axis_angle": [-1, 0],
+            "robot0_gripper_width": [-1, 0],
+        },
+        "action_keys": ["action"],
+        "horizon": 16,
+        "n_action_steps": 8,
+        "action_representation": "relative",
+        "image": {"backbone": args.backbone, "crop_fraction": 0.9, "color_jitter": [0.2, 0.2, 0.2, 0.0]},
+        "down_dims": args.down_dims,
+        "step_embed_dim": 64,
+        "num_train_timesteps": 50,
+        "num_inference_steps": 16,
+    }
+
+
+def full_step(args: argparse.Namespace, store: Path, root: Path) -> dict:
+    from demoscale.policies import train
+
+    config = {
+        "seed_everything": 0,
+        "trainer": {
+            "accelerator": "cpu",
+            "devices": 1,
+            "max_steps": args.warmup + args.steps,
+            "limit_val_batches": 0,
+            "enable_progress_bar": False,
+            "enable_model_summary": False,
+            "num_sanity_val_steps": 0,
+            "default_root_dir": str(root),
+            "log_every_n_steps": 10,
+        },
+        "model": {
+            "class_path": "demoscale.policies.DiffusionPolicyModule",
+            "init_args": {"policy": policy_dict(args), "optimizer": {"warmup_steps": 10}},
+        },
+        "data": {
+            "store": str(store),
+            "batch_size": args.batch_size,
+            "num_workers": args.workers,
+            "val_fraction": 0.0,
+        },
+        "checkpoint": {"every_n_train_steps": 10**9},
+        "throughput": {"log_every_n_steps": 10},
+    }
+    from demoscale.policies.callbacks import ThroughputLogger
+
+    original = ThroughputLogger.on_train_batch_end
+    kept: dict[str, list[float]] = {}
+
+    def keep(self, trainer, pl_module, outputs, batch, batch_idx):  # noqa: ANN001 - Lightning hook
+        original(self, trainer, pl_module, outputs, batch, batch_idx)
+        kept["samples_per_s"], kept["wait"] = self.samples_per_s, self.data_wait_fraction
+
+    ThroughputLogger.on_train_batch_end = keep
+    try:
+        train(config)
+    finally:
+        ThroughputLogger.on_train_batch_end = original
+    sps = kept["samples_per_s"][args.warmup :]
+    wait = kept["wait"][args.warmup :]
+    return {"samples_per_s": statistics.median(sps), "data_wait_fraction": statistics.median(wait)}
+
+
+def make_policy(args: argparse.Namespace, store: Path, **overrides):  # noqa: ANN201
+    from demoscale.datasets import EpisodeStore
+    from demoscale.policies.config_utils import from_plain
+    from demoscale.policies.diffusion.config import DiffusionConfig
+    from demoscale.policies.diffusion.model import DiffusionPolicy, policy_statistics
+
+    spec = policy_dict(args)
+    image = {**spec["image"], **overrides.pop("image", {})}
+    config = from_plain(DiffusionConfig, {**spec, **overrides, "image": image})
+    opened = EpisodeStore.open(store)
+    return DiffusionPolicy(config, opened.features, policy_statistics(opened, config))
+
+
+def memory_batch(args: argparse.Namespace, store: Path, batch_size: int) -> dict:
+    from demoscale.datasets import EpisodeDataset
+
+    spec = policy_dict(args)
+    dataset = EpisodeDataset(store, spec["obs_offsets"], spec["action_keys"], spec["horizon"])
+    return torch.utils.data.default_collate(dataset.__getitems__(list(range(batch_size))))
+
+
+def time_steps(step: Callable[[], None], warmup: int, steps: int) -> float:
+    for _ in range(warmup):
+        step()
+    times = []
+    for _ in range(steps):
+        start = time.perf_counter()
+        step()
+        times.append(time.perf_counter() - start)
+    return statistics.median(times)
+
+
+def synthetic_samples_per_s(
+    args: argparse.Namespace,
+    store: Path,
+    autocast: bool = False,
+    accumulate: int = 1,
+    compile: bool = False,
+    **policy_overrides,
+) -> float:
+    torch.manual_seed(0)
+    policy = make_policy(args, store, **policy_overrides)
+    policy.train()
+    if compile:
+        policy.compile()
+    optimizer = torch.optim.AdamW(policy.parameters(), lr=1e-4)
+    micro = args.batch_size // accumulate
+    batches = [memory_batch(args, store, micro) for _ in range(accumulate)]
+
+    def step() -> None:
+        for batch in batches:
+            context = torch.autocast("cpu", dtype=torch.bfloat16) if autocast else contextlib.nullcontext()
+            with context:
+                loss = policy.compute_loss(batch) / accumulate
+            loss.backward()
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+
+    return args.batch_size / time_steps(step, args.warmup + (1 if compile else 0), args.steps)
+
+
+def inference_latency_ms(args: argparse.Namespace, store: Path) -> float:
+    policy = make_policy(args, store).eval()
+    batch = memory_batch(args, store, 1)
+    seconds = time_steps(lambda: policy.predict_action(batch["obs"], num_inference_steps=16), 2, args.steps)
+    return 1000 * seconds
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--backbone", default="resnet10t")
+    parser.add_argument("--down-dims", type=int, nargs="+", default=[64, 128, 256])
+    parser.add_argument("--image-size", type=int, default=64)
+    parser.add_argument("--batch-size", type=int, default=32)
+    parser.add_argument("--steps", type=int, default=12, help="timed steps per variant")
+    parser.add_argument("--warmup", type=int, default=3)
+    parser.add_argument("--workers", type=int, default=1, help="DataLoader workers of the full step")
+    parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--compile", action="store_true", help="also measure torch.compile (slow to compile)")
+    parser.add_argument("--json", action="store_true")
+    parser.add_argument("--out", type=Path, default=None)
+    args = parser.parse_args(argv)
+    torch.set_num_threads(args.threads)
+
+    with tempfile.TemporaryDirectory() as tmp:
+        store = build_store(Path(tmp) / "bench.zarr", n_episodes=8, length=60, image_size=args.image_size)
+        full = full_step(args, store, Path(tmp) / "run")
+        baseline = synthetic_samples_per_s(args, store)
+        flags = {
+            "bf16_autocast": synthetic_samples_per_s(args, store, autocast=True),
+            "channels_last": synthetic_samples_per_s(args, store, image={"channels_last": True}),
+            "activation_checkpointing": synthetic_samples_per_s(args, store, activation_checkpointing=True),
+            "grad_accumulation_2x": synthetic_samples_per_s(args, store, accumulate=2),
+        }
+        if args.compile:
+            flags["torch_compile"] = synthetic_samples_per_s(args, store, compile=True)
+        latency = inference_latency_ms(args, store)
+
+    result = {
+        "config": {k: v for k, v in vars(args).items() if k not in ("json", "out")},
+        "full_step_samples_per_s": full["samples_per_s"],
+        "synthetic_samples_per_s": baseline,
+        "overhead_ratio": full["samples_per_s"] / baseline,
+        "data_wait_fraction": full["data_wait_fraction"],
+        "flags_samples_per_s": flags,
+        "flags_ratio_to_fp32": {name: value / baseline for name, value in flags.items()},
+        "inference_chunk_ms_ddim16": latency,
+    }
+    result["config"]["out"] = None
+    print(f"{'measurement':<34}{'value':>12}")
+    print(f"{'full step (Lightning + store)':<34}{full['samples_per_s']:>10.1f}/s")
+    print(f"{'in-memory fwd+bwd (fp32)':<34}{baseline:>10.1f}/s")
+    print(f"{'overhead_ratio (target >= 0.9)':<34}{result['overhead_ratio']:>12.3f}")
+    print(f"{'data_wait_fraction (target <= .05)':<34}{full['data_wait_fraction']:>12.3f}")
+    for name, value in flags.items():
+        print(f"{name:<34}{value:>10.1f}/s  x{value / baseline:.2f}")
+    print(f"{'inference chunk, 16 DDIM steps':<34}{latency:>10.1f}ms")
+    if args.json:
+        text = json.dumps(result, indent=2)
+        print(text)
+        if args.out:
+            args.out.parent.mkdir(parents=True, exist_ok=True)
+            args.out.write_text(text)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
