@@ -54,8 +54,10 @@ class DemoConfig:
     def __post_init__(self) -> None:
         if max(self.env_counts) > self.max_envs:
             raise ValueError(f"env_counts {self.env_counts} exceed max_envs {self.max_envs}")
-        if len(self.env_counts) < 2:
-            raise ValueError("a scaling law needs at least two environment counts")
+        if len(set(self.env_counts)) < 3:
+            raise ValueError(
+                f"a scaling-law fit needs at least three environment counts, got {self.env_counts}"
+            )
 
 
 def load_demo_config(quick: bool = False, path: str | os.PathLike = DEMO_CONFIG) -> DemoConfig:
@@ -267,8 +269,9 @@ def _report_markdown(
             f"[{row['success_ci_low']:.2f}, {row['success_ci_high']:.2f}] | {int(row['n_rollouts'])} |"
         )
     timing = "\n".join(f"| {name} | {secs:.0f} s |" for name, secs in seconds.items())
+    # plot_laws writes the combined figure first, then one file per panel.
     pngs = [p for p in plots if str(p).endswith(".png")]
-    figure = "\n".join(f"![scaling law]({p.relative_to(out)})" for p in pngs)
+    figure = f"![scaling law]({pngs[0].relative_to(out)})" if pngs else ""
     return f"""# demoscale demo report{" (quick)" if quick else ""}
 
 ## What ran
@@ -277,7 +280,7 @@ def _report_markdown(
   {config.demos_per_pair} demos per pair, written as UMI `dataset.zarr.zip` and ingested into `store.zarr`.
 - A Ray sweep: diffusion policy (`configs/{config.policy_config}`) trained on nested subsets of
   {config.env_counts} environments x seeds {config.seeds}; training budget {config.budget}.
-- Each checkpoint rolled out on {config.eval_envs} unseen environments x {config.eval_objects} unseen objects x
+- Each checkpoint rolled out on {config.eval_envs} unseen environments x {config.eval_objects} unseen object(s) x
   {config.eval_episodes_per_pair} episodes.
 
 ## Results (one row per trial; all rows in `results.csv`, rollouts in `rollouts.csv`)

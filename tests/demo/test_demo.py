@@ -1,0 +1,83 @@
+"""`demoscale demo`: the whole loop, end to end, with real MuJoCo, stores, Ray and fits."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pandas as pd
+import pytest
+from demoscale.demo import DemoConfig, load_demo_config, sweep_config
+
+REPORT_FILES = [
+    "report.md",
+    "results.csv",
+    "results.parquet",
+    "rollouts.csv",
+    "rollouts.parquet",
+    "fit.json",
+    "recommendation.json",
+]
+
+
+def _run_demo(out: Path, *flags: str, timeout: int) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [sys.executable, "-m", "demoscale", "demo", "--out", str(out), *flags],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
+
+
+def test_quick_and_default_configs_are_consistent() -> None:
+    default, quick = load_demo_config(), load_demo_config(quick=True)
+    assert default.env_counts == [1, 2, 4, 8] and len(default.seeds) >= 2
+    assert max(quick.env_counts) <= quick.max_envs < default.max_envs
+    grid = sweep_config(default, Path("store.zarr"), Path("sweep"))["grid"]
+    assert grid["n_envs"] == default.env_counts and grid["n_objects"] == [1]
+
+
+def test_demo_config_rejects_too_few_environment_counts() -> None:
+    with pytest.raises(ValueError, match="at least three environment counts"):
+        DemoConfig(env_counts=[1, 2], max_envs=2)
+
+
+def test_quick_demo_writes_a_complete_report(tmp_path: Path) -> None:
+    out = tmp_path / "demo"
+    result = _run_demo(out, "--quick", timeout=900)
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+
+    for name in REPORT_FILES:
+        assert (out / name).is_file(), f"{name} missing from the report folder"
+    assert list((out / "plots").glob("*.png")), "no PNG plot written"
+
+    config = load_demo_config(quick=True)
+    results = pd.read_csv(out / "results.csv")
+    assert len(results) == len(config.env_counts) * len(config.seeds), "one row per trial"
+    assert sorted(results["n_envs"].unique()) == sorted(config.env_counts)
+    assert results["trial_id"].is_unique
+    assert results["score"].between(0, 1).all()
+    rollouts = pd.read_csv(out / "rollouts.csv")
+    expected = config.eval_envs * config.eval_objects * config.eval_episodes_per_pair
+    assert (rollouts.groupby("trial_id").size() == expected).all()
+
+    fit = json.loads((out / "fit.json").read_text())
+    assert fit["n_points"] == len(results)
+    recommendation = json.loads((out / "recommendation.json").read_text())
+    assert recommendation["status"] in {"ok", "unreachable", "extrapolation"}
+    report = (out / "report.md").read_text()
+    assert "Fitted law" in report and "Time per stage" in report
+    assert "demoscale demo finished" in result.stdout
+
+
+@pytest.mark.slow
+def test_default_demo_shows_a_scaling_law(tmp_path: Path) -> None:
+    out = tmp_path / "demo"
+    result = _run_demo(out, timeout=3600)
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    fit = json.loads((out / "fit.json").read_text())
+    alpha = fit["params"]["alpha"]
+    print(f"alpha = {alpha:.3f}, r = {fit['r']:.3f}")
+    assert alpha < 0, f"no scaling signal: alpha = {alpha}"
