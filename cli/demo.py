@@ -141,21 +141,17 @@ def _collect_and_ingest(config: DemoConfig, raw_dir: Path, store: Path, stages: 
 
     with stages.run("collect", f"{config.max_envs} environments x 1 object x {config.demos_per_pair} demos"):
         # Pair i is (train environment i, train object i): one unique object per environment.
-        for i in range(config.max_envs):
-            collect_sim(
-                config.task,
-                n_envs=1,
-                n_objects=1,
-                demos_per_pair=config.demos_per_pair,
-                out_dir=raw_dir,
-                workers=1,
-                env_offset=i,
-                object_offset=i,
-                image_size=config.image_size,
-                env_options={"cameras": list(config.cameras)},
-                progress=False,
-            )
-            print(f"  pair {i + 1}/{config.max_envs} collected", flush=True)
+        collect_sim(
+            config.task,
+            n_envs=config.max_envs,
+            n_objects=config.max_envs,
+            demos_per_pair=config.demos_per_pair,
+            out_dir=raw_dir,
+            workers=config.collect_workers,
+            image_size=config.image_size,
+            env_options={"cameras": list(config.cameras)},
+            pairing="unique",
+        )
     with stages.run("ingest", f"UMI zips under {raw_dir} -> {store}"):
         ingest_umi(raw_dir, store, progress=False)
 

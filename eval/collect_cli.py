@@ -31,6 +31,12 @@ def build_parser() -> argparse.ArgumentParser:
     sim.add_argument("--seed", type=int, default=0)
     sim.add_argument("--image-size", type=int, default=96)
     sim.add_argument("--cameras", nargs="+", default=None, help="tabletop cameras, e.g. wrist or scene")
+    sim.add_argument(
+        "--pairing",
+        default="grid",
+        choices=["grid", "unique"],
+        help="grid: every env x object; unique: object k only in environment k (needs --envs == --objects)",
+    )
     sim.add_argument("--keep-failed", action="store_true", help="keep failed expert episodes too")
     sim.add_argument("--json", action="store_true", help="print the summary as JSON")
     return parser
@@ -55,6 +61,7 @@ def main(argv: list[str]) -> int:
             image_size=args.image_size,
             keep_failed=args.keep_failed,
             env_options=options,
+            pairing=args.pairing,
         )
     except (UnknownTaskError, IdRangeError, ValueError) as error:
         print(f"demoscale collect sim: {error}")

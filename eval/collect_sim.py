@@ -145,6 +145,7 @@ def collect_sim(
     object_offset: int = 0,
     env_options: dict | None = None,
     progress: bool = True,
+    pairing: str = "grid",
 ) -> CollectResult:
     """Collect scripted demos on the first ``n_envs`` x ``n_objects`` ids of ``split``.
 
@@ -152,14 +153,28 @@ def collect_sim(
     a :class:`CollectResult`. Only successful demos are kept unless ``keep_failed``. ``workers`` > 1
     collects pairs in parallel processes. ``env_options`` go to the task's ``make_env`` (for
     tabletop tasks, e.g. ``{"cameras": ["scene"]}``).
+    ``pairing="grid"`` collects every environment x object pair; ``pairing="unique"`` gives each
+    environment its own object (pair k = environment k, object k; needs ``n_envs == n_objects``),
+    the data-scaling-laws study's recommended layout.
     """
     from tqdm.auto import tqdm
 
     definition = get_task(task)  # unknown task: error before anything runs
     if min(n_envs, n_objects, demos_per_pair) < 1:
         raise ValueError("n_envs, n_objects and demos_per_pair must all be >= 1")
+    if pairing not in ("grid", "unique"):
+        raise ValueError(f"pairing must be 'grid' or 'unique', got {pairing!r}")
+    if pairing == "unique" and n_envs != n_objects:
+        raise ValueError(
+            f"pairing 'unique' needs as many objects as environments, got {n_envs} and {n_objects}"
+        )
     envs = env_ids(split, n_envs + env_offset)[env_offset:]
     objects = object_ids(split, n_objects + object_offset)[object_offset:]
+    pairs = (
+        list(zip(envs, objects, strict=True))
+        if pairing == "unique"
+        else [(e, o) for e in envs for o in objects]
+    )
     jobs = [
         dict(
             task=definition.name,
@@ -172,8 +187,7 @@ def collect_sim(
             keep_failed=keep_failed,
             env_options=env_options,
         )
-        for e in envs
-        for o in objects
+        for e, o in pairs
     ]
     results: list[PairResult] = []
     bar = tqdm(total=len(jobs) * demos_per_pair, desc=f"collect {task}", unit="demo", disable=not progress)
