@@ -40,7 +40,7 @@ def _assert_resumed_from_checkpoint(output: Path, trial: str) -> None:
     assert (checkpoints / "step0000004.ckpt").stat().st_mtime > second_start
 
 
-@pytest.mark.slow
+# In the default suite on purpose: the CI check of the sweep (about a minute on 2 idle cores).
 def test_grid_sweep_survives_a_killed_worker(sweep_files) -> None:
     """2x2 grid: 4 rows with the grid's axis values, once each; the killed trial resumed from its checkpoint."""
     sweep = dict(sweep_files["sweep"], fault_injection={"kill_after_first_checkpoint": [KILLED]})
