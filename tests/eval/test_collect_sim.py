@@ -72,6 +72,9 @@ def test_collect_cli(tmp_path, capsys) -> None:
 def test_unique_pairing_gives_each_environment_its_own_object(tmp_path) -> None:
     result = collect_sim("push", 2, 2, 1, tmp_path / "raw", image_size=24, progress=False, pairing="unique")
     assert sorted((p.env_id, p.object_id) for p in result.pairs) == [(0, 0), (1, 1)]
-    assert sorted(p.name for p in (tmp_path / "raw" / "push").glob("env_*/object_*")) == ["object_0", "object_1"]
+    assert sorted(p.name for p in (tmp_path / "raw" / "push").glob("env_*/object_*")) == [
+        "object_0",
+        "object_1",
+    ]
     with pytest.raises(ValueError, match="as many objects as environments"):
         collect_sim("push", 2, 1, 1, tmp_path / "other", pairing="unique", progress=False)
