@@ -81,3 +81,17 @@ def test_default_demo_shows_a_scaling_law(tmp_path: Path) -> None:
     alpha = fit["params"]["alpha"]
     print(f"alpha = {alpha:.3f}, r = {fit['r']:.3f}")
     assert alpha < 0, f"no scaling signal: alpha = {alpha}"
+
+
+def test_sweep_yaml_is_the_sweep_the_demo_runs() -> None:
+    """configs/sweeps/demo.yaml documents the demo's sweep; it must not drift from configs/demo.yaml."""
+    import yaml
+    from demoscale.demo import CONFIGS_DIR
+
+    written = yaml.safe_load((CONFIGS_DIR / "sweeps" / "demo.yaml").read_text())
+    built = sweep_config(load_demo_config(), Path("store.zarr"), Path("sweep"))
+    for section in ("grid", "eval", "budget", "resources", "retries"):
+        assert written[section] == built[section], section
+    (name, policy), (built_name, built_policy) = *written["policies"].items(), *built["policies"].items()
+    assert name == built_name and policy["overrides"] == built_policy["overrides"]
+    assert Path(policy["config"]).name == Path(built_policy["config"]).name
