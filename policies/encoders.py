@@ -17,7 +17,7 @@ import dataclasses
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import torch
 from torch import nn
@@ -61,6 +61,13 @@ class ImageEncoderConfig:
         channels_last: run the backbone in channels-last memory format (faster convolutions on CPU).
         imagenet_norm: normalise with the ImageNet mean/std after scaling to [0, 1].
         backbone_kwargs: extra keyword arguments for ``timm.create_model`` (e.g. ``img_size``).
+        pooling: ``avg`` (the backbone's own global pooling) or ``spatial_softmax`` (robomimic-style
+            keypoints: a 1x1 convolution to ``keypoints`` heat maps whose soft-argmax x, y are the
+            features). Global pooling throws away where things are; keypoints keep it, which is what
+            position-driven manipulation needs and why such policies learn far faster with them.
+        keypoints: number of spatial-softmax keypoints (features = 2 x keypoints).
+        feature_stage: with ``spatial_softmax``, the timm stage whose feature map is used (index into
+            ``out_indices``; ``None`` = the last). An earlier stage keeps a finer map on small images.
     """
 
     backbone: str = "resnet18"
@@ -72,6 +79,15 @@ class ImageEncoderConfig:
     channels_last: bool = False
     imagenet_norm: bool = True
     backbone_kwargs: dict[str, Any] = field(default_factory=dict)
+    pooling: Literal["avg", "spatial_softmax"] = "avg"
+    keypoints: int = 32
+    feature_stage: int | None = None
+
+    def __post_init__(self) -> None:
+        if self.pooling not in ("avg", "spatial_softmax"):
+            raise ValueError(f"image pooling must be 'avg' or 'spatial_softmax', got {self.pooling!r}")
+        if self.keypoints < 1:
+            raise ValueError(f"keypoints must be >= 1, got {self.keypoints}")
 
 
 @dataclass
@@ -89,11 +105,67 @@ class PointCloudEncoderConfig:
     use_rgb: bool = True
 
 
+class SpatialSoftmax(nn.Module):
+    """(N, C, h, w) feature map -> (N, 2K) expected x, y in [-1, 1] of K learned heat maps."""
+
+    def __init__(self, channels: int, keypoints: int):
+        super().__init__()
+        self.to_heatmaps = nn.Conv2d(channels, keypoints, kernel_size=1)
+        # A learned temperature: sharp maps localise, soft maps pass gradient early in training.
+        self.log_temperature = nn.Parameter(torch.zeros(()))
+
+    def forward(self, feature_map: torch.Tensor) -> torch.Tensor:
+        heat = self.to_heatmaps(feature_map)
+        n, k, h, w = heat.shape
+        weights = torch.softmax(heat.flatten(2) / self.log_temperature.exp(), dim=-1).view(n, k, h, w)
+        ys = torch.linspace(-1.0, 1.0, h, device=heat.device, dtype=heat.dtype)
+        xs = torch.linspace(-1.0, 1.0, w, device=heat.device, dtype=heat.dtype)
+        expected_x = (weights.sum(dim=2) * xs).sum(dim=-1)
+        expected_y = (weights.sum(dim=3) * ys).sum(dim=-1)
+        return torch.stack([expected_x, expected_y], dim=-1).flatten(1)
+
+
+class KeypointBackbone(nn.Module):
+    """A timm feature extractor (one stage's map) followed by :class:`SpatialSoftmax`."""
+
+    def __init__(self, features: nn.Module, channels: int, keypoints: int):
+        super().__init__()
+        self.features = features
+        self.keypoints = SpatialSoftmax(channels, keypoints)
+        self.num_features = 2 * keypoints
+
+    def forward(self, images: torch.Tensor) -> torch.Tensor:
+        return self.keypoints(self.features(images)[-1])
+
+
 def create_backbone(config: ImageEncoderConfig) -> nn.Module:
     """A timm backbone with its classifier removed; loads ``pretrained_path`` when given."""
     import timm
 
+    if config.pooling == "spatial_softmax":
+        stage = -1 if config.feature_stage is None else int(config.feature_stage)
+        try:
+            features = timm.create_model(
+                config.backbone,
+                pretrained=False,
+                features_only=True,
+                out_indices=(stage,),
+                **config.backbone_kwargs,
+            )
+        except (RuntimeError, ValueError, IndexError) as error:
+            raise ValueError(
+                f"backbone {config.backbone!r} cannot give stage {stage}'s feature map for spatial "
+                f"softmax ({error}); use pooling='avg' or another feature_stage"
+            ) from error
+        model: nn.Module = KeypointBackbone(features, features.feature_info.channels()[-1], config.keypoints)
+        _load_pretrained(features, config)
+        return model
     model = timm.create_model(config.backbone, pretrained=False, num_classes=0, **config.backbone_kwargs)
+    _load_pretrained(model, config)
+    return model
+
+
+def _load_pretrained(model: nn.Module, config: ImageEncoderConfig) -> None:
     if config.pretrained_path:
         path = Path(config.pretrained_path)
         if not path.exists():
@@ -110,7 +182,6 @@ def create_backbone(config: ImageEncoderConfig) -> nn.Module:
         if missing:
             raise RuntimeError(f"{path} does not match backbone {config.backbone!r}: missing {missing[:5]}")
         del unexpected
-    return model
 
 
 class ImageAugment(nn.Module):

@@ -123,7 +123,7 @@ def split_policy(
         shape = (condition.shape[0], network.config.horizon, network.model_action_dim)
         sample = torch.randn(shape, generator=generator, device=condition.device)
         for step in scheduler.timesteps:
-            output = network.unet(sample, step.to(condition.device), condition).float()
+            output = network.denoiser(sample, step.to(condition.device), condition).float()
             sample = scheduler.step(output, step, sample, generator=generator).prev_sample
         return network.action_from_model(sample, obs)  # relative actions use the latest pose
 

@@ -16,7 +16,8 @@ class DiffusionConfig:
         obs_offsets: observed key -> frame offsets of its window (``{"camera0_rgb": [-3, 0]}``); every
             key must be a feature of the store, and every window must contain offset 0.
         action_keys: store keys concatenated (in order) into the predicted action vector.
-        horizon: length of the predicted action chunk (a multiple of ``2 ** (len(down_dims) - 1)``).
+        horizon: length of the predicted action chunk (with the U-Net, a multiple of
+            ``2 ** (len(down_dims) - 1)``).
         n_action_steps: actions of a chunk executed before the policy is queried again.
         action_representation: ``absolute`` (the store's units) or ``relative`` (UMI-style: each
             action's pose relative to the latest observed end-effector pose, as pos + 6-D rotation
@@ -31,7 +32,11 @@ class DiffusionConfig:
             actions and observations.
         image: image-encoder settings (timm backbone name, crop, jitter, shared flag, ...).
         low_dim: low-dim encoder settings.
-        down_dims, kernel_size, step_embed_dim, n_groups: 1-D U-Net size.
+        denoiser: ``unet`` (the Diffusion Policy / UMI 1-D temporal U-Net) or ``mlp`` (a FiLM MLP over
+            the flattened chunk, ``policies/mlp_denoiser.py``: tens of times cheaper per step on a CPU).
+        down_dims, kernel_size, step_embed_dim, n_groups: 1-D U-Net size (``step_embed_dim`` is
+            also the MLP's step embedding).
+        mlp_width, mlp_depth: the MLP denoiser's hidden width and number of residual blocks.
         noise_scheduler: ``ddim`` or ``ddpm`` (diffusers); used for sampling at inference.
         num_train_timesteps, beta_schedule, prediction_type, clip_sample: the diffusion process.
         num_inference_steps: denoising steps at inference (16 for UMI's DDIM).
@@ -54,10 +59,13 @@ class DiffusionConfig:
     relative_stats_max_frames: int = 20000
     image: ImageEncoderConfig = field(default_factory=ImageEncoderConfig)
     low_dim: LowDimEncoderConfig = field(default_factory=LowDimEncoderConfig)
+    denoiser: Literal["unet", "mlp"] = "unet"
     down_dims: list[int] = field(default_factory=lambda: [256, 512, 1024])
     kernel_size: int = 5
     step_embed_dim: int = 128
     n_groups: int = 8
+    mlp_width: int = 256
+    mlp_depth: int = 3
     noise_scheduler: Literal["ddim", "ddpm"] = "ddim"
     num_train_timesteps: int = 50
     beta_schedule: str = "squaredcos_cap_v2"
@@ -79,7 +87,9 @@ class DiffusionConfig:
                 raise ValueError(f"observation window of {key!r} ({offsets}) must contain offset 0")
             if any(offset > 0 for offset in offsets):
                 raise ValueError(f"observation window of {key!r} ({offsets}) looks into the future")
-        multiple = 2 ** (len(self.down_dims) - 1)
+        if self.denoiser not in ("unet", "mlp"):
+            raise ValueError(f"denoiser must be 'unet' or 'mlp', got {self.denoiser!r}")
+        multiple = 2 ** (len(self.down_dims) - 1) if self.denoiser == "unet" else 1
         if self.horizon < 1 or self.horizon % multiple:
             raise ValueError(
                 f"horizon {self.horizon} must be a positive multiple of {multiple} for down_dims {self.down_dims}"

@@ -16,6 +16,7 @@ import torch.nn.functional as F
 from demoscale.policies import actions as action_repr
 from demoscale.policies.diffusion.config import DiffusionConfig
 from demoscale.policies.encoders import ObservationEncoder, feature_to_dict
+from demoscale.policies.mlp_denoiser import ConditionalMLP
 from demoscale.policies.normalize import Normalizer
 from demoscale.policies.unet1d import ConditionalUnet1D
 from torch import nn
@@ -103,15 +104,7 @@ class DiffusionPolicy(nn.Module):
             low_dim_shapes={key: shape[0] for key, shape in shapes.items() if key != ACTION},
             activation_checkpointing=config.activation_checkpointing,
         )
-        self.unet = ConditionalUnet1D(
-            self.model_action_dim,
-            self.obs_encoder.output_dim,
-            down_dims=config.down_dims,
-            kernel_size=config.kernel_size,
-            step_embed_dim=config.step_embed_dim,
-            n_groups=config.n_groups,
-            activation_checkpointing=config.activation_checkpointing,
-        )
+        self.denoiser = make_denoiser(config, self.model_action_dim, self.obs_encoder.output_dim)
         self.noise_scheduler = make_scheduler(config)
         self.num_inference_steps = config.num_inference_steps
 
@@ -184,7 +177,7 @@ class DiffusionPolicy(nn.Module):
             device=device,
         )
         noisy = self.noise_scheduler.add_noise(target_action, noise, timesteps)
-        prediction = self.unet(noisy, timesteps, cond).float()
+        prediction = self.denoiser(noisy, timesteps, cond).float()
         prediction_type = self.noise_scheduler.config.prediction_type
         if prediction_type == "epsilon":
             target = noise
@@ -215,9 +208,31 @@ class DiffusionPolicy(nn.Module):
             (batch_size, self.config.horizon, self.model_action_dim), generator=generator, device=cond.device
         )
         for step in scheduler.timesteps:
-            model_output = self.unet(sample, step.to(cond.device), cond).float()
+            model_output = self.denoiser(sample, step.to(cond.device), cond).float()
             sample = scheduler.step(model_output, step, sample, generator=generator).prev_sample
         return self.action_from_model(sample, obs)
+
+
+def make_denoiser(config: DiffusionConfig, action_dim: int, cond_dim: int) -> torch.nn.Module:
+    """The noise/sample predictor the config names (``unet`` or ``mlp``)."""
+    if config.denoiser == "mlp":
+        return ConditionalMLP(
+            action_dim,
+            config.horizon,
+            cond_dim,
+            width=config.mlp_width,
+            depth=config.mlp_depth,
+            step_embed_dim=config.step_embed_dim,
+        )
+    return ConditionalUnet1D(
+        action_dim,
+        cond_dim,
+        down_dims=config.down_dims,
+        kernel_size=config.kernel_size,
+        step_embed_dim=config.step_embed_dim,
+        n_groups=config.n_groups,
+        activation_checkpointing=config.activation_checkpointing,
+    )
 
 
 def _size(shape: Sequence[int]) -> int:

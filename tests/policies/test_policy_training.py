@@ -24,7 +24,8 @@ def _read_losses(metrics_csv: Path) -> list[float]:
         return [float(row["train/loss"]) for row in csv.DictReader(handle) if row.get("train/loss")]
 
 
-def test_overfit_small_store_and_predict_training_actions(tmp_path):
+@pytest.mark.parametrize("denoiser", ["unet", "mlp"])
+def test_overfit_small_store_and_predict_training_actions(tmp_path, denoiser):
     store_path = build_tabletop_store(tmp_path / "overfit.zarr", n_episodes=2, length=12, seed=1)
     config = tiny_config(
         store_path,
@@ -38,6 +39,9 @@ def test_overfit_small_store_and_predict_training_actions(tmp_path):
         n_action_steps=2,
         prediction_type="sample",
         num_train_timesteps=20,
+        denoiser=denoiser,
+        mlp_width=64,
+        mlp_depth=2,
     )
     config["trainer"].update(
         {
