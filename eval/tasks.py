@@ -22,6 +22,7 @@ import numpy as np
 
 # name -> "module:attribute" of a TaskDefinition.
 TASKS: dict[str, str] = {
+    "reach": "demoscale.eval.tabletop.tasks:REACH",
     "push": "demoscale.eval.tabletop.tasks:PUSH",
     "pick_place": "demoscale.eval.tabletop.tasks:PICK_PLACE",
     "fetch_shelf": "demoscale.eval.wholebody.tasks:FETCH_SHELF",

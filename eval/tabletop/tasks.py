@@ -1,4 +1,4 @@
-"""Tabletop tasks (``push``, ``pick_place``), their staged scores and their scripted experts.
+"""Tabletop tasks (``reach``, ``push``, ``pick_place``), their staged scores and their scripted experts.
 
 Scores follow the staged scheme of the data-scaling-laws study: each task has three stages,
 latched over an episode; an episode's score is the highest stage reached divided by three, and its
@@ -249,6 +249,75 @@ class PickPlaceExpert(_Expert):
                 self.done = True
 
 
+class ReachExpert(_Expert):
+    """Move above the object (with a per-episode offset of a few millimetres), descend, and touch
+    its top with the closed fingers."""
+
+    def __init__(self, env: ReachEnv, seed: int) -> None:
+        super().__init__(env, seed)
+        rng = self.rng
+        self.yaw = rng.uniform(-0.35, 0.35)
+        self.width = 0.0
+        self.hover_height = rng.uniform(0.06, 0.1)
+        self.offset = rng.uniform(-0.004, 0.004, 2)
+        self.hold_steps = int(rng.integers(1, 3))
+
+    def plan(self) -> None:
+        env = self.env
+        above = env.object_pos[:2] + self.offset
+        if self.phase == "start":
+            self._set_phase("hover")
+        if self.phase == "hover":
+            if self._move(np.array([*above, self.hover_height]), tolerance=0.01):
+                self._set_phase("descend")
+        elif self.phase == "descend":
+            # The fingertips hang 1 cm below the tool-centre point: aim 5 mm into the object's top.
+            goal_z = env.object.height + 0.01 - 0.005
+            self._move(np.array([*above, goal_z]), tolerance=0.002)
+            if env.fingers_touch_object():
+                self._set_phase("touch")
+        elif self.phase == "touch":
+            if self.timer >= self.hold_steps:
+                self.done = True
+
+
+class ReachEnv(TabletopEnv):
+    """Touch the object with the closed fingers. Stages: 1 gripper's horizontal distance to the
+    object halved; 2 gripper within 2.5 cm horizontally of the object's centre; 3 fingers touch the
+    object (= success). The simplest visually guided task: only the object must be found."""
+
+    task = "reach"
+    max_steps = 60
+
+    def _place_task(self, rng: np.random.Generator) -> None:
+        obj_xy = rng.uniform(-0.15, 0.15, 2)
+        self._place_object(obj_xy, rng.uniform(-np.pi / 3, np.pi / 3))
+        self.layout = {"object_start": obj_xy}
+
+    def _horizontal_distance(self) -> float:
+        return float(np.linalg.norm(self.eef_pos[:2] - self.object_pos[:2]))
+
+    def reset(self, seed: int) -> dict[str, np.ndarray]:
+        obs = super().reset(seed)
+        self._start_distance = self._horizontal_distance()
+        return obs
+
+    def success(self) -> bool:
+        return self.fingers_touch_object()
+
+    def _update_stages(self) -> None:
+        distance = self._horizontal_distance()
+        if distance <= 0.5 * self._start_distance:
+            self._stages[0] = True
+        if distance < 0.025:
+            self._stages[1] = True
+        if self.success():
+            self._stages[2] = True
+
+    def expert(self, seed: int) -> ReachExpert:
+        return ReachExpert(self, seed)
+
+
 class PushEnv(TabletopEnv):
     """Push the object into the red target disc. Stages: 1 object moved >= 1.5 cm; 2 object's
     distance to the target halved; 3 object's centre inside the target disc (= success)."""
@@ -368,6 +437,19 @@ def write_umi_demos(
 
 
 _LOW_DIM = {"robot0_eef_pos": (3,), "robot0_eef_rot_axis_angle": (3,), "robot0_gripper_width": (1,)}
+
+REACH = TaskDefinition(
+    name="reach",
+    family="tabletop",
+    make_env=ReachEnv,
+    write_demos=write_umi_demos,
+    low_dim_features=_LOW_DIM,
+    image_keys=("camera0_rgb",),
+    action_dim=7,
+    max_steps=ReachEnv.max_steps,
+    n_stages=3,
+    description="touch the object with the closed fingers (tabletop; the simplest visually guided task)",
+)
 
 PUSH = TaskDefinition(
     name="push",

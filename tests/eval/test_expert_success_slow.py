@@ -7,7 +7,7 @@ from demoscale.eval import evaluate
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("task", ["push", "pick_place"])
+@pytest.mark.parametrize("task", ["reach", "push", "pick_place"])
 def test_expert_success_over_50_training_episodes(task: str, tmp_path) -> None:
     result = evaluate("expert", task, split="train", n_envs=10, n_objects=5, episodes=50, image_size=32,
                       video_episodes=0, out_dir=tmp_path, progress=False)  # fmt: skip

@@ -94,7 +94,7 @@ def test_actions_are_absolute_pose_targets_with_limits() -> None:
     env.close()
 
 
-@pytest.mark.parametrize("task", ["push", "pick_place"])
+@pytest.mark.parametrize("task", ["reach", "push", "pick_place"])
 def test_experts_succeed_on_training_ids_and_stages_are_latched(task: str) -> None:
     successes = 0
     for k in range(4):
@@ -129,4 +129,21 @@ def test_expert_variation_is_smooth_over_time() -> None:
     # Different seeds give different (per-episode) variation on the same layout.
     first = [env.expert(seed).act(None) for seed in (1, 2)]
     assert not np.allclose(first[0], first[1])
+    env.close()
+
+
+def test_reach_needs_the_fingers_on_the_object() -> None:
+    env = get_task("reach").make_env(2, 3, render=False)
+    start = env.reset(5)
+    assert np.linalg.norm(env.eef_pos[:2] - env.object_pos[:2]) > 0.03
+    # Hovering in place (the start pose as the target) reaches no stage.
+    hold = np.concatenate([start["robot0_eef_pos"], start["robot0_eef_rot_axis_angle"], [0.0]])
+    for _ in range(10):
+        env.step(hold)
+    assert env.stage_score() == 0 and not env.success()
+    # Straight above the object but not touching: stages 1 and 2, no success.
+    above = np.concatenate([env.object_pos[:2], [env.object.height + 0.05], np.zeros(3), [0.0]])
+    for _ in range(15):
+        env.step(above)
+    assert env.stages() == [True, True, False] and not env.success()
     env.close()
