@@ -38,9 +38,31 @@ def _eval_parser() -> argparse.ArgumentParser:
     parser.add_argument("--videos", type=int, default=2, help="number of rollouts to save as videos")
     parser.add_argument("--image-size", type=int, default=None, help="default: the policy's training size")
     parser.add_argument("--cameras", nargs="+", default=None, help="tabletop cameras, e.g. wrist or scene")
+    parser.add_argument(
+        "--env-option",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="an extra keyword for the task's environments (repeatable; VALUE is read as YAML), e.g. "
+        "--env-option replay_path=pusht_cchi_v7_replay.zarr for PushT training ids that start from "
+        "the recorded states",
+    )
     parser.add_argument("--batch-size", type=int, default=8, help="environments stepped in lockstep")
     parser.add_argument("--device", default="cpu")
     return parser
+
+
+def _env_options(items: list[str]) -> dict:
+    """``["key=value", ...]`` -> {key: YAML-parsed value}."""
+    import yaml
+
+    options = {}
+    for item in items:
+        key, sep, value = item.partition("=")
+        if not sep or not key.strip():
+            raise ValueError(f"--env-option takes KEY=VALUE, got {item!r}")
+        options[key.strip()] = yaml.safe_load(value)
+    return options
 
 
 def _scores_parser() -> argparse.ArgumentParser:
@@ -81,6 +103,13 @@ def main(argv: list[str]) -> int:
         print(f"demoscale eval: checkpoint {args.policy} does not exist (or pass 'expert')", file=sys.stderr)
         return 2
     try:
+        env_options = _env_options(args.env_option)
+    except ValueError as error:
+        print(f"demoscale eval: {error}", file=sys.stderr)
+        return 2
+    if args.cameras:
+        env_options["cameras"] = args.cameras
+    try:
         result = evaluate(
             args.policy,
             args.task,
@@ -93,7 +122,7 @@ def main(argv: list[str]) -> int:
             seed=args.seed,
             video_episodes=args.videos if args.out else 0,
             image_size=args.image_size,
-            env_options={"cameras": args.cameras} if args.cameras else None,
+            env_options=env_options or None,
             batch_size=args.batch_size,
             device=args.device,
         )

@@ -104,3 +104,45 @@ def test_shared_evaluate_runs_the_replay_expert(replay: ReplayEpisodes, tmp_path
     # if the block settles to >= 95%).
     assert rollouts["score"].iloc[0] >= 0.75 and rollouts["steps"].iloc[0] <= len(replay.actions(0)) + 5
     assert result.summary["n_rollouts"] == 1 and (tmp_path / "rollouts.csv").exists()
+
+
+def test_env_options_from_the_command_line_are_parsed_as_yaml() -> None:
+    from demoscale.eval.cli import _env_options
+
+    assert _env_options(["replay_path=data/pusht.zarr", "n_points=3", "flag=true"]) == {
+        "replay_path": "data/pusht.zarr",
+        "n_points": 3,
+        "flag": True,
+    }
+    with pytest.raises(ValueError, match="KEY=VALUE"):
+        _env_options(["replay_path"])
+
+
+@pytest.mark.slow  # imports torch through the rollout loop
+def test_eval_command_replays_the_human_demo_from_the_replay_buffer(replay: ReplayEpisodes, tmp_path) -> None:
+    import json
+
+    from demoscale.eval.cli import main
+
+    code = main(
+        [
+            "expert",
+            "--task",
+            "pusht",
+            "--split",
+            "train",
+            "--envs",
+            "1",
+            "--objects",
+            "1",
+            "--videos",
+            "0",
+            "--env-option",
+            f"replay_path={replay.path}",
+            "--out",
+            str(tmp_path),
+        ]
+    )
+    assert code == 0
+    summary = json.loads((tmp_path / "summary.json").read_text())
+    assert summary["n_rollouts"] == 1 and summary["score"] >= 0.75
