@@ -30,17 +30,25 @@ DEMO_CONFIG = CONFIGS_DIR / "demo.yaml"
 class DemoConfig:
     """What the demo runs; the defaults users run are in ``configs/demo.yaml``."""
 
-    task: str = "push"
+    task: str = "reach"
     image_size: int = 64
     cameras: list[str] = field(default_factory=lambda: ["scene"])
-    max_envs: int = 8
-    demos_per_pair: int = 20
-    env_counts: list[int] = field(default_factory=lambda: [1, 2, 4, 8])
+    max_envs: int = 32
+    demos_per_pair: int = 6
+    env_counts: list[int] = field(default_factory=lambda: [1, 4, 16, 32])
     seeds: list[int] = field(default_factory=lambda: [0, 1])
     collect_workers: int = 2
     policy_config: str = "tabletop_tiny.yaml"
     train_overrides: dict[str, Any] = field(default_factory=dict)
-    budget: dict[str, Any] = field(default_factory=lambda: {"rule": "fixed", "steps": 1500})
+    budget: dict[str, Any] = field(
+        default_factory=lambda: {
+            "rule": "epochs",
+            "epochs": 30,
+            "min_steps": 400,
+            "max_steps": 2000,
+            "checkpoint_every_steps": 500,
+        }
+    )
     eval_envs: int = 10
     eval_objects: int = 2
     eval_episodes_per_pair: int = 3

@@ -250,17 +250,20 @@ class PickPlaceExpert(_Expert):
 
 
 class ReachExpert(_Expert):
-    """Move above the object (with a per-episode offset of a few millimetres), descend, and touch
-    its top with the closed fingers."""
+    """Move above the object (with a per-episode offset of a few millimetres), pause, descend, and
+    touch its top with the closed fingers."""
 
     def __init__(self, env: ReachEnv, seed: int) -> None:
         super().__init__(env, seed)
         rng = self.rng
+        # A third of the other experts' pace: episodes of 20-40 steps, longer than a policy's action chunk.
+        self.speed = rng.uniform(0.009, 0.013)
         self.yaw = rng.uniform(-0.35, 0.35)
         self.width = 0.0
         self.hover_height = rng.uniform(0.06, 0.1)
         self.offset = rng.uniform(-0.004, 0.004, 2)
         self.hold_steps = int(rng.integers(1, 3))
+        self.dwell_steps = int(rng.integers(2, 5))  # a pause above the object, as people do
 
     def plan(self) -> None:
         env = self.env
@@ -269,6 +272,9 @@ class ReachExpert(_Expert):
             self._set_phase("hover")
         if self.phase == "hover":
             if self._move(np.array([*above, self.hover_height]), tolerance=0.01):
+                self._set_phase("dwell")
+        elif self.phase == "dwell":
+            if self.timer >= self.dwell_steps:
                 self._set_phase("descend")
         elif self.phase == "descend":
             # The fingertips hang 1 cm below the tool-centre point: aim 5 mm into the object's top.
@@ -287,7 +293,7 @@ class ReachEnv(TabletopEnv):
     object (= success). The simplest visually guided task: only the object must be found."""
 
     task = "reach"
-    max_steps = 60
+    max_steps = 80
 
     def _place_task(self, rng: np.random.Generator) -> None:
         obj_xy = rng.uniform(-0.15, 0.15, 2)

@@ -81,6 +81,8 @@ def test_default_demo_shows_a_scaling_law(tmp_path: Path) -> None:
     alpha = fit["params"]["alpha"]
     print(f"alpha = {alpha:.3f}, r = {fit['r']:.3f}")
     assert alpha < 0, f"no scaling signal: alpha = {alpha}"
+    # The study's criterion for a law worth reading: a tight log-log fit, not just a negative slope.
+    assert abs(fit["r"]) >= 0.8, f"weak scaling signal: alpha = {alpha:.3f}, r = {fit['r']:.3f}"
 
 
 def test_sweep_yaml_is_the_sweep_the_demo_runs() -> None:
