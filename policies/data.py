@@ -128,6 +128,12 @@ class PolicyDataModule(EpisodeDataModule):
     def train_dataloader(self) -> DataLoader:
         self.setup("fit")
         assert self.train_dataset is not None
+        if self.drop_last and len(self.train_dataset) < self.batch_size:
+            # Otherwise every epoch is empty and training "finishes" without a single step.
+            raise ValueError(
+                f"the training split has {len(self.train_dataset)} windows, fewer than one batch of "
+                f"{self.batch_size}: use more episodes, a smaller data.batch_size, or data.drop_last=false"
+            )
         sampler = ResumableShuffleSampler(len(self.train_dataset), self.seed)
         skip = self._batches_already_trained()
         if skip:

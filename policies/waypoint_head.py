@@ -21,7 +21,7 @@ import torch
 from torch import nn
 from torch.nn import functional
 
-from .diffusion.model import DiffusionPolicy
+from .diffusion.model import DiffusionPolicy, make_denoiser
 
 WAYPOINT_OBS = "waypoint_obs"
 
@@ -82,26 +82,17 @@ class WaypointDiffusionPolicy(DiffusionPolicy):
     The head reads the encoded observation window and predicts the waypoint frame's representation:
     the camera features of that frame (same encoders, stop-gradient) and its low-dim state, normalised
     like the policy's observations (with relative actions, the waypoint pose is expressed relative to
-    the current pose, as the pose history is). The U-Net is conditioned on the observation features
+    the current pose, as the pose history is). The denoiser is conditioned on the observation features
     concatenated with the predicted representation.
     """
 
     def __init__(self, config: Any, features: Mapping[str, Any], stats: Mapping[str, Any] | None = None):
         super().__init__(config, features, stats)
-        from .unet1d import ConditionalUnet1D
-
         feature_dim = self.obs_encoder.output_dim
         self.waypoint_dim = self._waypoint_target_dim()
         self.waypoint_head = WaypointHead(feature_dim, self.waypoint_dim, config.waypoint_hidden_dims)
-        self.unet = ConditionalUnet1D(
-            self.model_action_dim,
-            feature_dim + self.waypoint_dim,
-            down_dims=config.down_dims,
-            kernel_size=config.kernel_size,
-            step_embed_dim=config.step_embed_dim,
-            n_groups=config.n_groups,
-            activation_checkpointing=config.activation_checkpointing,
-        )
+        # The denoiser reads the observation features and the predicted waypoint representation.
+        self.denoiser = make_denoiser(config, self.model_action_dim, feature_dim + self.waypoint_dim)
         self._pose_of = {key: pair for pair in self.pose_keys for key in pair}
 
     @property

@@ -205,5 +205,5 @@ def test_print_config_runs_from_the_command_line(tabletop_store):
     )
     assert out.returncode == 0, out.stderr[-2000:]
     assert "DiffusionPolicyModule" in out.stdout
-    assert "action_representation: relative" in out.stdout
+    assert "action_representation: absolute" in out.stdout and "pooling: spatial_softmax" in out.stdout
     assert "every_n_train_steps: 500" in out.stdout
