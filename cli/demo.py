@@ -41,13 +41,7 @@ class DemoConfig:
     policy_config: str = "tabletop_tiny.yaml"
     train_overrides: dict[str, Any] = field(default_factory=dict)
     budget: dict[str, Any] = field(
-        default_factory=lambda: {
-            "rule": "epochs",
-            "epochs": 30,
-            "min_steps": 400,
-            "max_steps": 2000,
-            "checkpoint_every_steps": 500,
-        }
+        default_factory=lambda: {"rule": "fixed", "steps": 1000, "checkpoint_every_steps": 500}
     )
     eval_envs: int = 10
     eval_objects: int = 2

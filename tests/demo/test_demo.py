@@ -33,7 +33,7 @@ def _run_demo(out: Path, *flags: str, timeout: int) -> subprocess.CompletedProce
 
 def test_quick_and_default_configs_are_consistent() -> None:
     default, quick = load_demo_config(), load_demo_config(quick=True)
-    assert default.env_counts == [1, 2, 4, 8] and len(default.seeds) >= 2
+    assert default.env_counts == [1, 4, 16, 32] and len(default.seeds) >= 2
     assert max(quick.env_counts) <= quick.max_envs < default.max_envs
     grid = sweep_config(default, Path("store.zarr"), Path("sweep"))["grid"]
     assert grid["n_envs"] == default.env_counts and grid["n_objects"] == [1]
