@@ -154,6 +154,11 @@ def test_bad_inputs_fail_before_training(tabletop_store, tmp_path):
     with pytest.raises(ValueError, match="longer than every training episode"):
         train(config)
 
+    # Fewer training windows than one batch (the last partial batch is dropped): an error, not a
+    # run that "finishes" without a step.
+    with pytest.raises(ValueError, match="fewer than one batch"):
+        train(tiny_config(tabletop_store, tmp_path / "run"), {"data.episodes": [0], "data.batch_size": 64})
+
     checkpoint = tmp_path / "other.ckpt"
     torch.save(
         {"state_dict": {}, "demoscale": {"family": "pivot_r", "features": {}, "stats": {}}}, checkpoint
