@@ -130,6 +130,8 @@ def sweep_config(config: DemoConfig, store: Path, output: Path) -> dict[str, Any
             "n_objects": config.eval_objects,
             "episodes": config.eval_envs * config.eval_objects * config.eval_episodes_per_pair,
             "seed": 0,
+            # The cameras the demonstrations were recorded with: the tabletop default is the wrist.
+            "options": {"env_options": {"cameras": list(config.cameras)}},
         },
         "budget": dict(config.budget),
         "resources": {"cpu": config.trial_cpus},

@@ -37,6 +37,9 @@ def test_quick_and_default_configs_are_consistent() -> None:
     assert max(quick.env_counts) <= quick.max_envs < default.max_envs
     grid = sweep_config(default, Path("store.zarr"), Path("sweep"))["grid"]
     assert grid["n_envs"] == default.env_counts and grid["n_objects"] == [1]
+    # Rollouts render the camera the demonstrations were recorded with.
+    evaluation = sweep_config(default, Path("store.zarr"), Path("sweep"))["eval"]
+    assert evaluation["options"]["env_options"]["cameras"] == default.cameras
 
 
 def test_demo_config_rejects_too_few_environment_counts() -> None:
