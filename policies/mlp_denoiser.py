@@ -12,7 +12,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from .unet1d import SinusoidalStepEmbedding
+from .unet1d import step_embedding_mlp
 
 
 class FiLMResidualMLPBlock(nn.Module):
@@ -55,12 +55,7 @@ class ConditionalMLP(nn.Module):
         if depth < 1 or width < 1:
             raise ValueError(f"MLP denoiser needs depth >= 1 and width >= 1, got depth={depth} width={width}")
         self.action_dim, self.horizon = int(action_dim), int(horizon)
-        self.step_embedding = nn.Sequential(
-            SinusoidalStepEmbedding(step_embed_dim),
-            nn.Linear(step_embed_dim, 2 * step_embed_dim),
-            nn.Mish(),
-            nn.Linear(2 * step_embed_dim, step_embed_dim),
-        )
+        self.step_embedding = step_embedding_mlp(step_embed_dim)
         film_dim = step_embed_dim + cond_dim
         self.input = nn.Linear(self.horizon * self.action_dim, width)
         self.blocks = nn.ModuleList([FiLMResidualMLPBlock(width, film_dim) for _ in range(depth)])

@@ -33,6 +33,13 @@ class SinusoidalStepEmbedding(nn.Module):
         return torch.cat([angles.sin(), angles.cos()], dim=-1)
 
 
+def step_embedding_mlp(dim: int) -> nn.Sequential:
+    """Diffusion step (B,) -> (B, dim): sinusoidal features through a small MLP (shared by denoisers)."""
+    return nn.Sequential(
+        SinusoidalStepEmbedding(dim), nn.Linear(dim, 4 * dim), nn.Mish(), nn.Linear(4 * dim, dim)
+    )
+
+
 class ConvNormAct(nn.Sequential):
     """Conv1d -> GroupNorm -> Mish."""
 
@@ -92,12 +99,7 @@ class ConditionalUnet1D(nn.Module):
             raise ValueError(f"U-Net down_dims {down_dims} must be divisible by n_groups={n_groups}")
         self.n_levels = len(down_dims)
         self.activation_checkpointing = activation_checkpointing
-        self.step_embedding = nn.Sequential(
-            SinusoidalStepEmbedding(step_embed_dim),
-            nn.Linear(step_embed_dim, 4 * step_embed_dim),
-            nn.Mish(),
-            nn.Linear(4 * step_embed_dim, step_embed_dim),
-        )
+        self.step_embedding = step_embedding_mlp(step_embed_dim)
         film_dim = step_embed_dim + cond_dim
 
         def block(cin: int, cout: int) -> FiLMResidualBlock:
