@@ -17,13 +17,11 @@ ingested ``action`` labels (the next frame's pose and width) replay exactly.
 
 from __future__ import annotations
 
-import importlib
-import importlib.util
 import os
-import sys
 from collections.abc import Sequence
 
 import numpy as np
+from demoscale.eval.rendering import thread_gl_context
 from demoscale.eval.tabletop.scene import MAX_GRIPPER_WIDTH, build_mjcf, env_params, object_params
 
 os.environ.setdefault("MUJOCO_GL", "egl")
@@ -69,38 +67,15 @@ def _nlerp(q0: np.ndarray, q1: np.ndarray, fraction: float) -> np.ndarray:
     return q / np.linalg.norm(q)
 
 
-_GL_CONTEXT = None
-
-
-def _load_triton_first() -> None:
-    """Mesa's software renderer loads its own LLVM when a GL context is created; Triton (which torch
-    pulls in) bundles another, and loading Triton after a context exists crashes the process
-    (segmentation fault). Loading Triton first is safe, so do it when it is installed."""
-    if "triton.knobs" in sys.modules or importlib.util.find_spec("triton") is None:
-        return
-    try:
-        importlib.import_module("triton.knobs")
-    except Exception:  # a broken Triton is torch's problem, not a reason to stop rendering
-        pass
-
-
-def _shared_gl_context():
-    """One GL context per process: creating one costs ~1 s with software EGL, a model context ~ms."""
-    global _GL_CONTEXT
-    if _GL_CONTEXT is None:
-        _load_triton_first()
-        from mujoco.rendering.classic import gl_context
-
-        _GL_CONTEXT = gl_context.GLContext(64, 64)
-    _GL_CONTEXT.make_current()
-    return _GL_CONTEXT
-
-
 class OffscreenRenderer:
-    """Render RGB images of one model's cameras through the process-wide GL context."""
+    """Render RGB images of one model's cameras through this thread's GL context.
+
+    The renderer belongs to the thread that created it (its GPU-side objects live in that thread's
+    context); render from that thread.
+    """
 
     def __init__(self, model: mujoco.MjModel, size: int) -> None:
-        _shared_gl_context()
+        self.gl_context = thread_gl_context()
         self.model = model
         self.size = int(size)
         self.scene = mujoco.MjvScene(model, maxgeom=200)
@@ -112,7 +87,7 @@ class OffscreenRenderer:
         self.rect = mujoco.MjrRect(0, 0, self.size, self.size)
 
     def render(self, data: mujoco.MjData, camera: str) -> np.ndarray:
-        _shared_gl_context()
+        self.gl_context.make_current()
         self.camera.fixedcamid = self.model.camera(camera).id
         mujoco.mjv_updateScene(
             self.model, data, self.option, None, self.camera, mujoco.mjtCatBit.mjCAT_ALL, self.scene
@@ -125,7 +100,7 @@ class OffscreenRenderer:
 
     def close(self) -> None:
         if self.context is not None:
-            _shared_gl_context()
+            self.gl_context.make_current()
             self.context.free()
             self.context = None
 

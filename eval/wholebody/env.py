@@ -15,13 +15,11 @@ gripper velocities and efforts, 2) exist only so that recordings carry the raw r
 
 from __future__ import annotations
 
-import importlib
-import importlib.util
-import sys
 from dataclasses import dataclass, field
 
 import mujoco
 import numpy as np
+from demoscale.eval.rendering import load_triton_first
 from demoscale.eval.wholebody.pointcloud import backproject, sample_fixed
 from demoscale.eval.wholebody.scene import (
     build_mjcf,
@@ -61,17 +59,6 @@ class WholeBodyConfig:
                 raise ValueError(f"unknown camera {camera!r}; expected some of {CAMERAS}")
         if self.n_points <= 0 or self.image_size <= 0:
             raise ValueError("n_points and image_size must be positive")
-
-
-def _load_triton_first() -> None:
-    """Mesa's software renderer loads its own LLVM when a GL context is created, and loading Triton
-    (which torch pulls in) after that crashes the process; loading Triton first is safe."""
-    if "triton.knobs" in sys.modules or importlib.util.find_spec("triton") is None:
-        return
-    try:
-        importlib.import_module("triton.knobs")
-    except Exception:  # a broken Triton is torch's problem, not a reason to stop rendering
-        pass
 
 
 def yaw_to_xyzw(yaw: float) -> np.ndarray:
@@ -296,7 +283,7 @@ class WholeBodyEnv:
     # ----------------------------------------------------------------- rendering
     def _get_renderer(self) -> mujoco.Renderer:
         if self._renderer is None:
-            _load_triton_first()
+            load_triton_first()
             size = self.config.image_size
             self._renderer = mujoco.Renderer(self.model, size, size)
         return self._renderer

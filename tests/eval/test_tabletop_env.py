@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import threading
+
 import numpy as np
 import pytest
 from demoscale.eval import IdRangeError, env_id, env_ids, get_task, make_env, object_id, split_of
@@ -76,6 +78,36 @@ def test_same_id_and_seed_replay_identically_and_the_scene_camera_is_selectable(
         env.close()
     assert np.array_equal(runs[0][0], runs[1][0])
     assert np.allclose(runs[0][1], runs[1][1]) and np.allclose(runs[0][2], runs[1][2])
+
+
+def test_rendering_works_from_a_second_thread() -> None:
+    # Ray Tune runs each trial of a reused worker process in a fresh thread while the previous
+    # trial's thread may still be alive: a GL context current in that thread must not break
+    # rendering in the new one (EGL_BAD_ACCESS).
+    images, errors = [], []
+    first_rendered, second_done = threading.Event(), threading.Event()
+
+    def render_once(hold: bool) -> None:
+        try:
+            env = make_env("reach", 1, 1, image_size=32)
+            images.append(env.reset(0)["camera0_rgb"])
+            env.close()
+        except Exception as error:  # surfaced by the assertion below
+            errors.append(error)
+        if hold:
+            first_rendered.set()
+            second_done.wait(timeout=60)
+
+    first = threading.Thread(target=render_once, args=(True,))
+    first.start()
+    first_rendered.wait(timeout=60)
+    second = threading.Thread(target=render_once, args=(False,))
+    second.start()
+    second.join()
+    second_done.set()
+    first.join()
+    assert not errors, errors
+    assert len(images) == 2 and np.array_equal(images[0], images[1]) and images[0].std() > 0
 
 
 def test_actions_are_absolute_pose_targets_with_limits() -> None:
