@@ -212,8 +212,9 @@ def _render(
     figure, grid_axes = plt.subplots(1, len(panels), figsize=(6.4 * len(panels), 5.2), squeeze=False)
     for ax, (axis, fits) in zip(grid_axes[0], panels, strict=True):
         _draw_panel(ax, axis, fits, extrapolate, confidence)
+    # Two lines: one panel is 6.4 inches wide, too narrow for the title on one line.
     figure.suptitle(
-        "Scaling laws of the optimality gap (shaded: extrapolation beyond the tested data)", fontsize=12
+        "Scaling laws of the optimality gap\n(shaded: extrapolation beyond the tested data)", fontsize=12
     )
     figure.tight_layout()
     for suffix in ("png", "svg"):
