@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import socket
 import time
+import uuid
 from pathlib import Path
 
+import fsspec
 import pandas as pd
 import pytest
 import yaml
@@ -138,6 +140,19 @@ def _row(trial_id: str, score: float) -> dict:
         "success_ci_high": 0.9, "n_rollouts": 2, "env_ids": ["3", "7"], "object_ids": ["11"], "train_steps": 4,
         "samples_seen": 32, "wall_time_s": 1.5, "checkpoint": "c.ckpt",
     }  # fmt: skip
+
+
+def test_results_table_lives_at_an_fsspec_url() -> None:
+    # A cluster sweep writes its table to object storage; fsspec's in-memory filesystem is a real
+    # non-local backend that runs here.
+    url = f"memory://sweep-{uuid.uuid4().hex[:12]}/out"
+    table = ResultsTable(url)
+    table.add_trial(_row("a", 0.5), [])
+    table.add_trial(_row("b", 0.25), [])
+    reopened = ResultsTable(url)
+    assert sorted(reopened.results()["trial_id"]) == ["a", "b"]
+    fs, root = fsspec.core.url_to_fs(url)
+    assert {Path(p).name for p in fs.ls(root, detail=False)} >= {"results.csv", "results.parquet"}
 
 
 def test_results_table_adds_replaces_and_never_duplicates(tmp_path: Path) -> None:
