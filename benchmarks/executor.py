@@ -15,7 +15,6 @@ store (timing does not depend on the weights).
 from __future__ import annotations
 
 import argparse
-import json
 import statistics
 import sys
 import tempfile
@@ -24,6 +23,7 @@ from pathlib import Path
 
 import numpy as np
 import torch
+from report import add_json_option, emit_json
 
 JOYLO_PARTS = (
     ("mobile_base", 3),
@@ -113,7 +113,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--replan-every", type=int, help="async: control steps between replans")
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--threads", type=int, default=1, help="torch intra-op threads")
-    parser.add_argument("--json", nargs="?", const="-", help="write JSON to PATH (or stdout with no PATH)")
+    add_json_option(parser)
     args = parser.parse_args(argv)
     torch.set_num_threads(args.threads)
 
@@ -186,10 +186,7 @@ def main(argv: list[str] | None = None) -> int:
         )
     print(f"one chunk (slow + fast modules): {report['chunk_inference_s_median']:.3f} s (median)")
     print(f"async / sync control rate: {ratio:.2f}x")
-    if args.json == "-":
-        print(json.dumps(report, indent=2))
-    elif args.json:
-        Path(args.json).write_text(json.dumps(report, indent=2))
+    emit_json("executor", report, args.json)
     return 0
 
 

@@ -13,7 +13,6 @@ Each is repeated and the median reported, with its ratio to the decode rate.
 from __future__ import annotations
 
 import argparse
-import json
 import shutil
 import statistics
 import sys
@@ -23,6 +22,7 @@ import zipfile
 from pathlib import Path
 
 import numpy as np
+from report import add_json_option, emit_json
 
 
 def synthetic_episode(rng: np.random.Generator, length: int, size: int) -> dict[str, np.ndarray]:
@@ -74,7 +74,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--frames", type=int, default=40, help="frames per episode")
     parser.add_argument("--size", type=int, default=224, help="image side (UMI: 224)")
     parser.add_argument("--repeats", type=int, default=3)
-    parser.add_argument("--json", nargs="?", const="-", help="write results as JSON to PATH (or stdout)")
+    add_json_option(parser)
     args = parser.parse_args(argv)
 
     from demoscale.collect import write_umi_zip
@@ -114,22 +114,12 @@ def main(argv: list[str] | None = None) -> int:
     print(f"{'variant':<26} {'frames/s':>10} {'x decode':>9}")
     for row in rows:
         print(f"{row['variant']:<26} {row['frames_per_s']:>10.0f} {row['ratio_to_decode']:>9.2f}")
-    if args.json:
-        payload = json.dumps(
-            {
-                "episodes": args.episodes,
-                "frames_per_episode": args.frames,
-                "size": args.size,
-                "repeats": args.repeats,
-                "results": rows,
-            },
-            indent=2,
-        )
-        if args.json == "-":
-            print(payload)
-        else:
-            Path(args.json).parent.mkdir(parents=True, exist_ok=True)
-            Path(args.json).write_text(payload + "\n")
+    emit_json(
+        "ingest",
+        {"episodes": args.episodes, "frames_per_episode": args.frames, "size": args.size, "repeats": args.repeats,
+         "results": rows},
+        args.json,
+    )  # fmt: skip
     return 0
 
 

@@ -3,7 +3,7 @@
 Runs on one core (BLAS threads pinned to 1). Reports medians over several runs, and, side by side in
 the same run, the batched bootstrap against refitting each replicate with ``least_squares``.
 
-    python benchmarks/laws.py [--runs 7] [--json]
+    python benchmarks/laws.py [--runs 7] [--json [PATH]]
 """
 
 from __future__ import annotations
@@ -14,16 +14,14 @@ for _var in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS"):
     os.environ.setdefault(_var, "1")
 
 import argparse  # noqa: E402
-import json  # noqa: E402
-import platform  # noqa: E402
 import statistics  # noqa: E402
 import time  # noqa: E402
-from pathlib import Path  # noqa: E402
 
 import numpy as np  # noqa: E402
 import pandas as pd  # noqa: E402
 from demoscale.scaling import fit_law, load_results  # noqa: E402
 from demoscale.scaling.models import SATURATING, batched_robust_lm  # noqa: E402
+from report import add_json_option, emit_json  # noqa: E402
 from scipy.optimize import least_squares  # noqa: E402
 
 TARGET_S = 2.0
@@ -57,9 +55,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--runs", type=int, default=7, help="runs per measurement (median reported)")
     parser.add_argument("--n-bootstrap", type=int, default=1000)
-    parser.add_argument(
-        "--json", action="store_true", help="print JSON and write benchmarks/results/laws.json"
-    )
+    add_json_option(parser)
     args = parser.parse_args(argv)
 
     table = load_results(make_table())
@@ -124,22 +120,17 @@ def main(argv: list[str] | None = None) -> int:
         + ("met" if full < TARGET_S else "NOT met")
     )
     print(f"batched bootstrap vs least_squares loop, per replicate: {slow / fast:.1f}x faster")
-    if args.json:
-        payload = {
-            "benchmark": "laws",
-            "python": platform.python_version(),
-            "machine": platform.machine(),
+    emit_json(
+        "laws",
+        {
             "threads": os.environ.get("OMP_NUM_THREADS"),
-            "load_average": os.getloadavg(),
             "rows": rows,
             "saturating_fit_median_s": full,
             "target_s": TARGET_S,
             "batched_speedup": slow / fast,
-        }
-        out = Path(__file__).resolve().parent / "results" / "laws.json"
-        out.parent.mkdir(parents=True, exist_ok=True)
-        out.write_text(json.dumps(payload, indent=2))
-        print(json.dumps(payload, indent=2))
+        },
+        args.json,
+    )
     return 0
 
 

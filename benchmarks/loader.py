@@ -9,7 +9,7 @@ are realistic) and produce windows of 2 image frames + 16 actions, pinned to one
 Each is measured in alternating rounds; medians are reported. A child process then samples batches
 from the store and reports its peak RSS, to show memory stays far below the decoded store size.
 
-    .venv/bin/python benchmarks/loader.py [--json] [--frames 2400] [--rounds 3]
+    .venv/bin/python benchmarks/loader.py [--json [PATH]] [--frames 2400] [--rounds 3]
 """
 
 from __future__ import annotations
@@ -27,6 +27,7 @@ from pathlib import Path
 
 import imagecodecs
 import numpy as np
+from report import add_json_option, emit_json
 
 SHAPE = (224, 224, 3)
 HORIZON = 16
@@ -167,7 +168,7 @@ def rss_child(path: str, n_batches: int) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--json", action="store_true", help="print the results as JSON")
+    add_json_option(parser)
     parser.add_argument("--frames", type=int, default=2400, help="frames in each store")
     parser.add_argument("--distinct", type=int, default=240, help="distinct images (cycled over the frames)")
     parser.add_argument("--rounds", type=int, default=3, help="alternating measurement rounds")
@@ -223,9 +224,6 @@ def main(argv: list[str] | None = None) -> int:
             "decoded_batch_mb": BATCH * len(OFFSETS) * int(np.prod(SHAPE)) / 1e6,
         },
     }
-    if args.json:
-        print(json.dumps(result, indent=2))
-        return 0
     print(
         f"{args.frames} frames {SHAPE[0]}x{SHAPE[1]} RGB ({args.distinct} distinct), windows of 2 frames + 16 actions, one core"
     )
@@ -243,6 +241,7 @@ def main(argv: list[str] | None = None) -> int:
         f"sampler peak RSS {rss['peak_rss_mb']:.0f} MB (after imports {rss['peak_rss_after_imports_mb']:.0f} MB); "
         f"decoded store {decoded_store_mb:.0f} MB, decoded batch {result['sampler_rss_mb']['decoded_batch_mb']:.0f} MB"
     )
+    emit_json("loader", result, args.json)
     return 0
 
 

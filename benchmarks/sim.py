@@ -8,13 +8,12 @@ rendering where the family supports ``render=False``, and rollouts per second th
 all-zero actions), so every rollout runs to the task's step limit. Rates are given per wall-clock second and per CPU second of this process (the
 per-core figure on a shared machine); medians over ``--repeats``.
 
-    python benchmarks/sim.py [--json] [--image-size 96] [--steps 200] [--repeats 3]
+    python benchmarks/sim.py [--json [PATH]] [--image-size 96] [--steps 200] [--repeats 3]
 """
 
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import statistics
 import time
@@ -23,6 +22,7 @@ os.environ.setdefault("MUJOCO_GL", "egl")
 
 import numpy as np  # noqa: E402
 from demoscale.eval import evaluate, get_task, task_names  # noqa: E402
+from report import add_json_option, emit_json  # noqa: E402
 
 
 class HoldPose:
@@ -124,7 +124,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--steps", type=int, default=200)
     parser.add_argument("--rollout-envs", type=int, default=4)
     parser.add_argument("--repeats", type=int, default=3)
-    parser.add_argument("--json", action="store_true")
+    add_json_option(parser)
     args = parser.parse_args(argv)
     rows = []
     for task in args.tasks or default_tasks():
@@ -162,8 +162,9 @@ def main(argv: list[str] | None = None) -> int:
                       "rollouts_per_cpu_s")
         ]  # fmt: skip
         print(" | ".join(cells))
-    if args.json:
-        print(json.dumps(rows, indent=2))
+    emit_json(
+        "sim", {"config": {k: v for k, v in vars(args).items() if k != "json"}, "rows": rows}, args.json
+    )
     return 0
 
 

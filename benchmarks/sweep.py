@@ -10,7 +10,7 @@ results table), then the sweep scores it offline.
 reported twice: over the whole ``run_sweep`` call (Ray start and shutdown included) and over the
 span from the first trial start to the last trial end (scheduling only). Target: >= 0.8.
 
-    python benchmarks/sweep.py [--json] [--trial-seconds 10]
+    python benchmarks/sweep.py [--json [PATH]] [--trial-seconds 10]
 """
 
 from __future__ import annotations
@@ -26,6 +26,7 @@ from pathlib import Path
 
 import numpy as np
 import yaml
+from report import add_json_option, emit_json
 
 CPUS = 2
 
@@ -110,13 +111,10 @@ def main() -> None:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
-    parser.add_argument("--json", action="store_true", help="print the measurements as JSON")
+    add_json_option(parser)
     parser.add_argument("--trial-seconds", type=float, default=10.0)
     args = parser.parse_args()
     report = measure(args.trial_seconds)
-    if args.json:
-        print(json.dumps(report, indent=1))
-        return
     print(f"{report['trials']} trials x {report['trial_seconds']:.0f} s busy on {report['cpus']} CPUs")
     print(f"{'measure':<34}{'value':>10}")
     print(f"{'sum of trial busy time (s)':<34}{report['busy_total_s']:>10.1f}")
@@ -125,6 +123,7 @@ def main() -> None:
     print(f"{'first start -> last end (s)':<34}{report['trial_span_s']:>10.1f}")
     print(f"{'packing, end to end':<34}{report['efficiency_end_to_end']:>10.2f}")
     print(f"{'packing, scheduling only':<34}{report['efficiency_scheduling']:>10.2f}  (target >= 0.8)")
+    emit_json("sweep", report, args.json)
 
 
 if __name__ == "__main__":

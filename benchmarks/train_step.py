@@ -11,7 +11,7 @@
    compilation takes about a minute and is excluded from the timing).
 3. Inference latency of one action chunk (batch 1) with 16 DDIM steps.
 
-Prints a table; ``--json`` also prints (and with ``--out`` writes) the numbers as JSON. Medians
+Prints a table and writes the numbers as JSON (``benchmarks/report.py``: ``--json [PATH]``). Medians
 throughout.
 """
 
@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import json
 import statistics
 import tempfile
 import time
@@ -28,6 +27,7 @@ from pathlib import Path
 
 import numpy as np
 import torch
+from report import add_json_option, emit_json
 
 
 def build_store(path: Path, n_episodes: int, length: int, image_size: int) -> Path:
@@ -216,8 +216,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--workers", type=int, default=1, help="DataLoader workers of the full step")
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--compile", action="store_true", help="also measure torch.compile (slow to compile)")
-    parser.add_argument("--json", action="store_true")
-    parser.add_argument("--out", type=Path, default=None)
+    add_json_option(parser)
     args = parser.parse_args(argv)
     torch.set_num_threads(args.threads)
 
@@ -257,7 +256,7 @@ def main(argv: list[str] | None = None) -> int:
         latency = inference_latency_ms(args, store)
 
     result = {
-        "config": {k: v for k, v in vars(args).items() if k not in ("json", "out")},
+        "config": {k: v for k, v in vars(args).items() if k != "json"},
         "full_step_samples_per_s": full["samples_per_s"],
         "synthetic_samples_per_s": baseline,
         "overhead_ratio": statistics.median(ratios),
@@ -267,7 +266,6 @@ def main(argv: list[str] | None = None) -> int:
         "flags_ratio_to_fp32": flag_ratio,
         "inference_chunk_ms_ddim16": latency,
     }
-    result["config"]["out"] = None
     print(f"{'measurement':<34}{'value':>12}")
     print(f"{'full step (Lightning + store)':<34}{full['samples_per_s']:>10.1f}/s")
     print(f"{'in-memory fwd+bwd (fp32)':<34}{baseline:>10.1f}/s")
@@ -279,12 +277,7 @@ def main(argv: list[str] | None = None) -> int:
     for name, value in flags.items():
         print(f"{name:<34}{value:>10.1f}/s  x{flag_ratio[name]:.2f} vs fp32 (median of paired runs)")
     print(f"{'inference chunk, 16 DDIM steps':<34}{latency:>10.1f}ms")
-    if args.json:
-        text = json.dumps(result, indent=2)
-        print(text)
-        if args.out:
-            args.out.parent.mkdir(parents=True, exist_ok=True)
-            args.out.write_text(text)
+    emit_json("train_step", result, args.json)
     return 0
 
 

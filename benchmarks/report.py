@@ -1,0 +1,48 @@
+"""Where a benchmark's numbers go, the same for every script in this folder.
+
+Each script prints a table for people and writes its numbers as JSON: to
+``benchmarks/results/<name>.json`` by default (ignored by git), to ``--json PATH``, or to standard
+output as well with ``--json`` alone (or ``--json -``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+from pathlib import Path
+from typing import Any
+
+RESULTS_DIR = Path(__file__).resolve().parent / "results"
+
+
+def add_json_option(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--json",
+        nargs="?",
+        const="-",
+        default=None,
+        metavar="PATH",
+        help="write the JSON to PATH instead of benchmarks/results/NAME.json; alone or '-': also print it",
+    )
+
+
+def emit_json(name: str, payload: dict[str, Any], option: str | None) -> Path:
+    """Write ``payload`` (plus the machine it ran on) where ``--json`` says; returns the file."""
+    payload = {
+        "benchmark": name,
+        "python": platform.python_version(),
+        "machine": platform.machine(),
+        "cpus": os.cpu_count(),
+        "load_average": os.getloadavg(),
+        **payload,
+    }
+    text = json.dumps(payload, indent=2, default=str)
+    if option == "-":
+        print(text)
+    path = Path(option) if option not in (None, "-") else RESULTS_DIR / f"{name}.json"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(text + "\n")
+    print(f"wrote {path}")
+    return path
