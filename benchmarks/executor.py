@@ -8,7 +8,7 @@ action), or, with ``--task``, is a simulated task (then success is reported as w
 Without ``--checkpoint`` a small WB-VIMA network with random weights is built on a synthetic JoyLo
 store (timing does not depend on the weights).
 
-    python benchmarks/executor.py [--checkpoint CKPT] [--store STORE | --task fetch_shelf]
+    python benchmarks/executor.py [--checkpoint CKPT] [--store STORE | --task fetch_shelf [--env-option K=V]]
                                   [--steps 32 --step-cost-s 0.1 --repeats 3 --threads 1] [--json [PATH]]
 """
 
@@ -92,8 +92,9 @@ def make_environment(args: argparse.Namespace, store_path: Path | None):
 
     if args.task:
         from demoscale.eval import make_env
+        from demoscale.eval.cli import parse_env_options
 
-        return make_env(args.task, args.env_id, args.object_id, seed=0)
+        return make_env(args.task, args.env_id, args.object_id, seed=0, **parse_env_options(args.env_option))
     return ReplayEnv(str(store_path), episode=0, step_cost_s=args.step_cost_s)
 
 
@@ -104,6 +105,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--task", help="simulated task to run instead of a replay (e.g. fetch_shelf)")
     parser.add_argument("--env-id", type=int, default=0)
     parser.add_argument("--object-id", type=int, default=0)
+    parser.add_argument(
+        "--env-option", action="append", default=[], metavar="KEY=VALUE",
+        help="simulated task option (YAML value), e.g. cameras=[scene] for a scene-camera policy",
+    )  # fmt: skip
     parser.add_argument("--steps", type=int, default=32, help="control steps per episode")
     parser.add_argument(
         "--step-cost-s", type=float, default=0.1, help="sleep per replayed step (10 Hz robot)"

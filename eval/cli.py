@@ -52,7 +52,7 @@ def _eval_parser() -> argparse.ArgumentParser:
     return parser
 
 
-def _env_options(items: list[str]) -> dict:
+def parse_env_options(items: list[str]) -> dict:
     """``["key=value", ...]`` -> {key: YAML-parsed value}."""
     import yaml
 
@@ -103,7 +103,7 @@ def main(argv: list[str]) -> int:
         print(f"demoscale eval: checkpoint {args.policy} does not exist (or pass 'expert')", file=sys.stderr)
         return 2
     try:
-        env_options = _env_options(args.env_option)
+        env_options = parse_env_options(args.env_option)
     except ValueError as error:
         print(f"demoscale eval: {error}", file=sys.stderr)
         return 2

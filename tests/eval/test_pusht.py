@@ -107,15 +107,15 @@ def test_shared_evaluate_runs_the_replay_expert(replay: ReplayEpisodes, tmp_path
 
 
 def test_env_options_from_the_command_line_are_parsed_as_yaml() -> None:
-    from demoscale.eval.cli import _env_options
+    from demoscale.eval.cli import parse_env_options
 
-    assert _env_options(["replay_path=data/pusht.zarr", "n_points=3", "flag=true"]) == {
+    assert parse_env_options(["replay_path=data/pusht.zarr", "n_points=3", "flag=true"]) == {
         "replay_path": "data/pusht.zarr",
         "n_points": 3,
         "flag": True,
     }
     with pytest.raises(ValueError, match="KEY=VALUE"):
-        _env_options(["replay_path"])
+        parse_env_options(["replay_path"])
 
 
 @pytest.mark.slow  # imports torch through the rollout loop
