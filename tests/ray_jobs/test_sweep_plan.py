@@ -226,3 +226,13 @@ def test_fixed_budget_does_not_need_a_batch_size(tmp_path: Path, sweep_files, sw
     epochs = dict(sweep, budget={"rule": "epochs", "epochs": 1})
     with pytest.raises(SweepConfigError, match="needs a batch size"):
         plan_trials(sweep_config_from_dict(epochs), episodes, str(sweep_store))
+
+
+@pytest.mark.parametrize(
+    "path", sorted((Path(__file__).resolve().parents[2] / "configs" / "sweeps").glob("*.yaml")), ids=lambda p: p.name
+)
+def test_shipped_sweep_configs_load_and_name_existing_training_configs(path: Path) -> None:
+    config = load_sweep_config(path)
+    for name, policy in config.policies.items():
+        assert Path(config.resolve(policy.config)).is_file(), (name, policy.config)
+    assert set(config.grid.policy or config.policies) <= set(config.policies)
