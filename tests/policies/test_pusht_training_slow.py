@@ -15,13 +15,19 @@ N_EPISODES = 24  # ~3,500 frames: enough for a held-out split of whole episodes
 
 def _val_losses(metrics_csv: Path) -> list[tuple[int, float]]:
     with open(metrics_csv) as handle:
-        return [(int(row["step"]), float(row["val/loss"])) for row in csv.DictReader(handle) if row.get("val/loss")]
+        return [
+            (int(row["step"]), float(row["val/loss"]))
+            for row in csv.DictReader(handle)
+            if row.get("val/loss")
+        ]
 
 
 @pytest.mark.slow
 def test_pusht_config_validation_loss_falls_on_real_demonstrations(tmp_path, pusht_replay_path):
     store = tmp_path / "pusht.zarr"
-    ingest_replay_buffer(pusht_replay_path, store, task="pusht", max_episodes=N_EPISODES, workers=2, progress=False)
+    ingest_replay_buffer(
+        pusht_replay_path, store, task="pusht", max_episodes=N_EPISODES, workers=2, progress=False
+    )
     # configs/pusht.yaml as shipped, made small enough for a few hundred CPU steps: narrower U-Net and
     # a batch of 32; backbone, crops, horizons and scheduler are the config's own.
     result = train(

@@ -48,7 +48,8 @@ def test_shipped_wholebody_config_trains_and_predicts(name, fetch_shelf_store, t
     store = EpisodeStore.open(fetch_shelf_store)
     episode = store.episode(0)
     window = {
-        key: episode[key][[max(5 + offset, 0) for offset in offsets]] for key, offsets in policy.obs_offsets.items()
+        key: episode[key][[max(5 + offset, 0) for offset in offsets]]
+        for key, offsets in policy.obs_offsets.items()
     }
     chunk = policy.predict_action(window, seed=0)
     assert chunk.shape == (policy.horizon, 21) and np.all(np.isfinite(chunk))

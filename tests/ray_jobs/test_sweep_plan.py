@@ -229,7 +229,9 @@ def test_fixed_budget_does_not_need_a_batch_size(tmp_path: Path, sweep_files, sw
 
 
 @pytest.mark.parametrize(
-    "path", sorted((Path(__file__).resolve().parents[2] / "configs" / "sweeps").glob("*.yaml")), ids=lambda p: p.name
+    "path",
+    sorted((Path(__file__).resolve().parents[2] / "configs" / "sweeps").glob("*.yaml")),
+    ids=lambda p: p.name,
 )
 def test_shipped_sweep_configs_load_and_name_existing_training_configs(path: Path) -> None:
     config = load_sweep_config(path)
