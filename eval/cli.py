@@ -27,6 +27,13 @@ def _eval_parser() -> argparse.ArgumentParser:
     parser.add_argument("--envs", type=int, default=10, help="environments (first ids of the split)")
     parser.add_argument("--objects", type=int, default=1, help="objects per environment")
     parser.add_argument(
+        "--pairing",
+        default="grid",
+        choices=["grid", "unique"],
+        help="grid: every env x object; unique: object k only in environment k (as 'collect sim "
+        "--pairing unique' collected them; needs --envs == --objects)",
+    )
+    parser.add_argument(
         "--episodes",
         type=int,
         default=None,
@@ -116,7 +123,8 @@ def main(argv: list[str]) -> int:
             split=args.split,
             n_envs=args.envs,
             n_objects=args.objects,
-            episodes=args.episodes or args.envs * args.objects,
+            episodes=args.episodes,
+            pairing=args.pairing,
             workers=args.workers,
             out_dir=args.out,
             seed=args.seed,

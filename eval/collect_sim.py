@@ -20,7 +20,7 @@ from multiprocessing import get_context
 from pathlib import Path
 
 import numpy as np
-from demoscale.eval.ids import env_ids, object_ids
+from demoscale.eval.ids import env_ids, object_ids, pair_ids
 from demoscale.eval.tasks import get_task
 
 
@@ -162,19 +162,9 @@ def collect_sim(
     definition = get_task(task)  # unknown task: error before anything runs
     if min(n_envs, n_objects, demos_per_pair) < 1:
         raise ValueError("n_envs, n_objects and demos_per_pair must all be >= 1")
-    if pairing not in ("grid", "unique"):
-        raise ValueError(f"pairing must be 'grid' or 'unique', got {pairing!r}")
-    if pairing == "unique" and n_envs != n_objects:
-        raise ValueError(
-            f"pairing 'unique' needs as many objects as environments, got {n_envs} and {n_objects}"
-        )
     envs = env_ids(split, n_envs + env_offset)[env_offset:]
     objects = object_ids(split, n_objects + object_offset)[object_offset:]
-    pairs = (
-        list(zip(envs, objects, strict=True))
-        if pairing == "unique"
-        else [(e, o) for e in envs for o in objects]
-    )
+    pairs = pair_ids(envs, objects, pairing)
     jobs = [
         dict(
             task=definition.name,

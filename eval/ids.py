@@ -60,6 +60,23 @@ def object_ids(split: str, n: int) -> list[int]:
     return [object_id(split, k) for k in range(n)] if n > 0 else []
 
 
+PAIRINGS = ("grid", "unique")
+
+
+def pair_ids(envs: list[int], objects: list[int], pairing: str = "grid") -> list[tuple[int, int]]:
+    """(environment id, object id) pairs: every combination (``grid``), or environment k with object
+    k (``unique``: each environment its own object, the data-scaling-laws study's layout)."""
+    if pairing not in PAIRINGS:
+        raise ValueError(f"pairing must be one of {PAIRINGS}, got {pairing!r}")
+    if pairing == "unique":
+        if len(envs) != len(objects):
+            raise ValueError(
+                f"pairing 'unique' needs as many objects as environments, got {len(envs)} and {len(objects)}"
+            )
+        return list(zip(envs, objects, strict=True))
+    return [(e, o) for e in envs for o in objects]
+
+
 def split_of(any_id: int) -> str:
     """The split an environment or object id belongs to; :class:`IdRangeError` outside every range."""
     value = int(any_id)

@@ -31,7 +31,7 @@ from typing import Any
 
 import numpy as np
 import pandas as pd
-from demoscale.eval.ids import env_ids, object_ids
+from demoscale.eval.ids import env_ids, object_ids, pair_ids
 from demoscale.eval.tasks import TaskDefinition, get_task
 
 DEFAULT_BATCH = 8
@@ -358,22 +358,26 @@ def evaluate(
     batch_size: int = DEFAULT_BATCH,
     device: str = "cpu",
     progress: bool = True,
+    pairing: str = "grid",
 ) -> EvalResult:
     """Roll ``policy`` out on the first ``n_envs`` x ``n_objects`` pairs of ``split``.
 
     ``policy`` is a checkpoint path (loaded with ``demoscale.policies.load_policy``), an already
-    loaded Policy, or ``"expert"`` (the task's scripted expert). ``episodes`` is the total number
-    of rollouts, spread round-robin over the ``n_envs * n_objects`` pairs (rollout i runs on pair
-    ``i % n_pairs``); use a multiple of the pair count for a balanced evaluation.
+    loaded Policy, or ``"expert"`` (the task's scripted expert). ``pairing`` is ``"grid"`` (every
+    environment x object) or ``"unique"`` (environment k with object k, as ``collect_sim`` pairs
+    them; evaluates a policy on exactly its training pairs). ``episodes`` is the total number of
+    rollouts, spread round-robin over the pairs (rollout i runs on pair ``i % n_pairs``; default one
+    per pair); use a multiple of the pair count for a balanced evaluation.
     The image size defaults to the policy's training size (96 for the expert). A policy whose
     observation keys/shapes or action size do not fit the task raises :class:`SpecMismatchError`
     before any rollout; unknown tasks and ids outside the documented ranges raise too.
     """
     definition = get_task(task)
-    episodes = n_envs * n_objects if episodes is None else episodes
-    if min(n_envs, n_objects, episodes) < 1:
+    if min(n_envs, n_objects) < 1 or (episodes is not None and episodes < 1):
         raise ValueError("n_envs, n_objects and episodes must all be >= 1")
     envs, objects = env_ids(split, n_envs), object_ids(split, n_objects)
+    pairs = pair_ids(envs, objects, pairing)
+    episodes = len(pairs) if episodes is None else episodes
     actor = _resolve_policy(policy, device=device)
     if image_size is None:
         image_size = (policy_image_size(actor.policy) if isinstance(actor, _PolicyActor) else None) or 96
@@ -387,7 +391,6 @@ def evaluate(
         probe.close()
 
     # Rollouts go round-robin over the pairs: rollout i -> pair i % n_pairs, its (i // n_pairs)-th episode.
-    pairs = [(e, o) for e in envs for o in objects]
     jobs = []
     for index in range(episodes):
         e, o = pairs[index % len(pairs)]

@@ -102,6 +102,23 @@ def test_policy_windows_chunks_and_failures_are_scored(tmp_path) -> None:
     assert result.summary["success_ci_low"] == 0.0
 
 
+def test_unique_pairing_evaluates_each_environment_with_its_own_object() -> None:
+    # The pairs collect_sim(pairing="unique") trained on: environment k with object k, not the grid.
+    policy = HoldPolicy(image_size=24)
+    result = evaluate(policy, "push", split="train", n_envs=3, n_objects=3, pairing="unique", max_steps=2,
+                      video_episodes=0, progress=False)  # fmt: skip
+    assert list(zip(result.rollouts["env_id"], result.rollouts["object_id"], strict=True)) == [
+        (0, 0),
+        (1, 1),
+        (2, 2),
+    ]
+    grid = evaluate(policy, "push", split="train", n_envs=3, n_objects=3, max_steps=2, video_episodes=0,
+                    progress=False)  # fmt: skip
+    assert len(grid.rollouts) == 9
+    with pytest.raises(ValueError, match="as many objects as environments"):
+        evaluate(policy, "push", split="train", n_envs=3, n_objects=2, pairing="unique", progress=False)
+
+
 def test_spec_mismatch_and_bad_inputs_fail_before_rollouts(tmp_path) -> None:
     with pytest.raises(SpecMismatchError, match=r"expects shape \(96, 96, 3\)"):
         evaluate(HoldPolicy(image_size=96), "push", n_envs=1, image_size=32, progress=False)
