@@ -9,8 +9,10 @@ from, while the next chunk is being computed. It waits only when no chunk covers
 In ``sync`` mode the loop runs slow then fast inline every ``n_action_steps`` steps (the usual
 receding-horizon execution), which is the baseline the benchmark compares against.
 
-Works with both policy families: WB-VIMA (``condition`` / ``act_from_condition``) and the diffusion
-policy (``encode`` / the denoising loop), with or without the waypoint head.
+Works with both policy families, which share the slow/fast interface ``encode(obs) -> condition``
+and ``act_from_condition(condition, obs, steps, generator) -> chunk``, with or without the waypoint
+head. An episode ends after ``n_steps`` control steps or as soon as the environment reports success
+(as in ``demoscale.eval.evaluate``).
 """
 
 from __future__ import annotations
@@ -75,12 +77,14 @@ class ExecutionResult:
 
     Attributes:
         mode: ``async`` or ``sync``.
-        steps: control steps executed; wall_time_s: their wall time.
+        steps: control steps executed (fewer than asked when the episode succeeded early);
+            wall_time_s: their wall time.
         control_rate_hz: steps / wall time.
         step_period_s: per-step wall times of the control loop.
         chunks: action chunks computed; slow_updates: conditions computed by the slow module.
         stalls: control steps that had to wait for a chunk (no chunk covered the step).
-        success: ``env.success()`` at the end, when the environment has it.
+        success: ``env.success()`` at the end (the episode stops at the first success), when the
+            environment has it.
     """
 
     mode: str
@@ -106,28 +110,11 @@ def split_policy(
     """
     network = policy.network
     steps = policy.num_inference_steps
-    if hasattr(network, "act_from_condition"):  # WB-VIMA
 
-        def fast(condition: Any, obs: dict[str, torch.Tensor], generator: torch.Generator) -> torch.Tensor:
-            return network.act_from_condition(condition, steps, generator)
+    def fast(condition: Any, obs: dict[str, torch.Tensor], generator: torch.Generator) -> torch.Tensor:
+        return network.act_from_condition(condition, obs, steps, generator)
 
-        return network.condition, fast
-
-    from .diffusion.model import make_scheduler
-
-    def diffusion_fast(
-        condition: torch.Tensor, obs: dict[str, torch.Tensor], generator: torch.Generator
-    ) -> torch.Tensor:
-        scheduler = make_scheduler(network.config)
-        scheduler.set_timesteps(steps, device=condition.device)
-        shape = (condition.shape[0], network.config.horizon, network.model_action_dim)
-        sample = torch.randn(shape, generator=generator, device=condition.device)
-        for step in scheduler.timesteps:
-            output = network.denoiser(sample, step.to(condition.device), condition).float()
-            sample = scheduler.step(output, step, sample, generator=generator).prev_sample
-        return network.action_from_model(sample, obs)  # relative actions use the latest pose
-
-    return network.encode, diffusion_fast
+    return network.encode, fast
 
 
 class ObservationHistory:
@@ -196,16 +183,18 @@ class HierarchicalExecutor:
         return self.policy._to_tensors(window, batched=False)
 
     def run(self, env: SteppableEnv, n_steps: int, seed: int = 0) -> ExecutionResult:
-        """Execute ``n_steps`` control steps of one episode from ``env.reset(seed)``."""
+        """Execute one episode from ``env.reset(seed)``: up to ``n_steps`` control steps, fewer when the
+        environment reports success (``env.success()``) earlier."""
         self.history.reset()
         self.history.push(env.reset(seed))
         generator = torch.Generator().manual_seed(self.seed)
+        success = getattr(env, "success", None)
+        succeeded = success if callable(success) else lambda: False
         with torch.inference_mode():
             if self.mode == "sync":
-                result = self._run_sync(env, n_steps, generator)
+                result = self._run_sync(env, n_steps, generator, succeeded)
             else:
-                result = self._run_async(env, n_steps, generator)
-        success = getattr(env, "success", None)
+                result = self._run_async(env, n_steps, generator, succeeded)
         result.success = bool(success()) if callable(success) else None
         return result
 
@@ -218,10 +207,13 @@ class HierarchicalExecutor:
         periods.append(now - started)
         return now
 
-    def _run_sync(self, env: SteppableEnv, n_steps: int, generator: torch.Generator) -> ExecutionResult:
+    def _run_sync(
+        self, env: SteppableEnv, n_steps: int, generator: torch.Generator, succeeded: Callable[[], bool]
+    ) -> ExecutionResult:
         periods: list[float] = []
         chunk, chunk_start, chunks = None, 0, 0
         begin = last = time.perf_counter()
+        executed = 0
         for step in range(n_steps):
             if chunk is None or step - chunk_start >= self.n_action_steps:
                 obs = self._tensors(self.history.window())
@@ -229,12 +221,17 @@ class HierarchicalExecutor:
                 chunk_start, chunks = step, chunks + 1
             self.history.push(env.step(chunk[step - chunk_start]))
             last = self._tick(last, periods)
+            executed += 1
+            if succeeded():
+                break
         wall = time.perf_counter() - begin
         return ExecutionResult(
-            "sync", n_steps, wall, n_steps / wall, periods, chunks=chunks, slow_updates=chunks
+            "sync", executed, wall, executed / wall, periods, chunks=chunks, slow_updates=chunks
         )
 
-    def _run_async(self, env: SteppableEnv, n_steps: int, generator: torch.Generator) -> ExecutionResult:
+    def _run_async(
+        self, env: SteppableEnv, n_steps: int, generator: torch.Generator, succeeded: Callable[[], bool]
+    ) -> ExecutionResult:
         observations, conditions, chunks = LatestValue(), LatestValue(), LatestValue()
         errors: list[BaseException] = []
         counts = {"slow": 0, "fast": 0}
@@ -286,7 +283,7 @@ class HierarchicalExecutor:
         for thread in threads:
             thread.start()
         periods: list[float] = []
-        stalls = 0
+        stalls, executed = 0, 0
         begin = last = time.perf_counter()
         try:
             observations.put((0, self.history.window()))
@@ -304,6 +301,9 @@ class HierarchicalExecutor:
                 self.history.push(env.step(chunk[step - chunk_start]))
                 observations.put((step + 1, self.history.window()))
                 last = self._tick(last, periods)
+                executed += 1
+                if succeeded():
+                    break
         finally:
             for buffer in (observations, conditions, chunks):
                 buffer.close()
@@ -314,9 +314,9 @@ class HierarchicalExecutor:
         wall = time.perf_counter() - begin
         return ExecutionResult(
             "async",
-            n_steps,
+            executed,
             wall,
-            n_steps / wall,
+            executed / wall,
             periods,
             chunks=counts["fast"],
             slow_updates=counts["slow"],

@@ -200,12 +200,24 @@ class DiffusionPolicy(nn.Module):
         generator: torch.Generator | None = None,
     ) -> torch.Tensor:
         """Observation windows (B, T, ...) -> absolute action chunks (B, horizon, action_dim)."""
-        cond = self.encode(obs)
-        batch_size = cond.shape[0]
+        return self.act_from_condition(self.encode(obs), obs, num_inference_steps, generator)
+
+    @torch.no_grad()
+    def act_from_condition(
+        self,
+        cond: torch.Tensor,
+        obs: Mapping[str, torch.Tensor],
+        num_inference_steps: int | None = None,
+        generator: torch.Generator | None = None,
+    ) -> torch.Tensor:
+        """Denoise a chunk for an already encoded condition (``encode(obs)``); ``obs`` supplies the
+        latest pose for relative actions. The executor's fast module."""
         scheduler = make_scheduler(self.config)  # a fresh one: set_timesteps mutates scheduler state
         scheduler.set_timesteps(num_inference_steps or self.num_inference_steps, device=cond.device)
         sample = torch.randn(
-            (batch_size, self.config.horizon, self.model_action_dim), generator=generator, device=cond.device
+            (cond.shape[0], self.config.horizon, self.model_action_dim),
+            generator=generator,
+            device=cond.device,
         )
         for step in scheduler.timesteps:
             model_output = self.denoiser(sample, step.to(cond.device), cond).float()

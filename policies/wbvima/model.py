@@ -319,7 +319,7 @@ class WBVIMAPolicy(nn.Module):
             parts.append(self.normalizer.normalize(key, waypoint_obs[key].float()).flatten(1))
         return torch.cat(parts, dim=-1)
 
-    def condition(self, obs: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    def encode(self, obs: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]:
         """The slow part of the policy: readout embedding (+ predicted waypoint representation)."""
         readout = self.readout_embedding(obs)
         out = {"readout": readout}
@@ -368,7 +368,7 @@ class WBVIMAPolicy(nn.Module):
             if "action_is_pad" in batch
             else torch.ones_like(action[..., :1])
         )
-        condition = self.condition(obs)
+        condition = self.encode(obs)
         global_cond = self._global_condition(condition)
         losses: dict[str, torch.Tensor] = {}
         upstream: list[torch.Tensor] = []
@@ -449,16 +449,21 @@ class WBVIMAPolicy(nn.Module):
         generator: torch.Generator | None = None,
     ) -> torch.Tensor:
         """Batched observation window -> (B, horizon, action_dim) actions in absolute units."""
-        return self.act_from_condition(self.condition(obs), num_inference_steps, generator)
+        return self.act_from_condition(self.encode(obs), obs, num_inference_steps, generator)
 
     @torch.no_grad()
     def act_from_condition(
         self,
         condition: Mapping[str, torch.Tensor],
+        obs: Mapping[str, torch.Tensor] | None = None,
         num_inference_steps: int | None = None,
         generator: torch.Generator | None = None,
     ) -> torch.Tensor:
-        """The fast part: denoise actions for a condition from :meth:`condition` -> absolute units."""
+        """The fast part: denoise actions for a condition from :meth:`encode` -> absolute units.
+
+        ``obs`` is not needed (actions are absolute); it is accepted so that both policy families
+        share one slow/fast interface (``encode``, ``act_from_condition``).
+        """
         return self.unnormalize_action(
             self.sample_actions(condition, generator, num_inference_steps=num_inference_steps)
         )

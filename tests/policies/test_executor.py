@@ -75,6 +75,42 @@ def test_executor_runs_the_diffusion_policy_async(tmp_path):
     assert all(action.shape == (7,) and np.isfinite(action).all() for action in env.actions)
 
 
+def test_sync_executor_matches_predict_action_for_the_diffusion_policy(tmp_path):
+    # The executor's fast module is the network's own act_from_condition: same chunk as
+    # predict_action, relative actions included (the tiny config is relative).
+    path = build_tabletop_store(tmp_path / "tabletop.zarr", n_episodes=1)
+    store = EpisodeStore.open(path)
+    config = from_plain(DiffusionConfig, tiny_config(path, tmp_path)["model"]["init_args"]["policy"])
+    torch.manual_seed(0)
+    policy = _as_policy(
+        DiffusionPolicy(config, store.features, policy_statistics(store, config)), "diffusion", store
+    )
+    env = ReplayEnv(store, episode=0)
+    HierarchicalExecutor(policy, mode="sync", seed=5).run(env, n_steps=4)
+    first_window = {
+        key: np.stack([store.read(key, 0, 1)[0]] * len(offsets))
+        for key, offsets in policy.obs_offsets.items()
+    }
+    expected = policy.predict_action(first_window, seed=5)
+    np.testing.assert_allclose(np.stack(env.actions), expected[:4], rtol=1e-4, atol=1e-5)
+
+
+class SucceedsOnFifthStep(ReplayEnv):
+    """A replayed episode whose task counts as done from the fifth executed action on."""
+
+    def success(self) -> bool:
+        return len(self.actions) >= 5
+
+
+@pytest.mark.parametrize("mode", ["sync", "async"])
+def test_an_episode_ends_at_the_first_success(wbvima_policy, mode):
+    policy, store = wbvima_policy
+    env = SucceedsOnFifthStep(store, episode=0)
+    result = HierarchicalExecutor(policy, mode=mode).run(env, n_steps=12)
+    assert result.success is True
+    assert result.steps == 5 and len(env.actions) == 5
+
+
 def test_latest_value_buffer_hands_over_the_newest_value():
     buffer = LatestValue()
     assert buffer.get() == (0, None)

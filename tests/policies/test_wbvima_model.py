@@ -120,7 +120,7 @@ def test_heads_are_conditioned_along_the_kinematic_chain():
     torch.manual_seed(0)
     features = joylo_features()
     policy = WBVIMAPolicy(tiny_config(), features, unit_stats(features)).eval()
-    condition = policy.condition(random_obs())
+    condition = policy.encode(random_obs())
 
     def sample(**fixed):
         return policy.sample_actions(condition, torch.Generator().manual_seed(7), fixed_parts=fixed)
