@@ -17,28 +17,9 @@ from typing import Any
 import fsspec
 import pandas as pd
 
-RESULT_COLUMNS = [
-    "trial_id",
-    "policy",
-    "n_envs",
-    "n_objects",
-    "n_pairs",
-    "demos_per_pair",
-    "total_demos",
-    "seed",
-    "score",
-    "success_rate",
-    "success_ci_low",
-    "success_ci_high",
-    "n_rollouts",
-    "env_ids",
-    "object_ids",
-    "train_steps",
-    "samples_seen",
-    "wall_time_s",
-    "checkpoint",
-]
-ROLLOUT_COLUMNS = ["trial_id", "rollout_index", "env_id", "object_id", "seed", "score", "success", "steps"]
+# One schema for every results table (sweeps here, a lab's score files in eval.scores): the shape
+# demoscale.scaling reads.
+from demoscale.eval.scores import RESULT_COLUMNS, ROLLOUT_COLUMNS
 
 
 def _join(folder: str, name: str) -> str:
