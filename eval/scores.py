@@ -43,7 +43,7 @@ from demoscale.eval.rollout import mean_interval, wilson_interval
 RESULT_COLUMNS = [
     "trial_id", "policy", "n_envs", "n_objects", "n_pairs", "demos_per_pair", "total_demos", "seed",
     "score", "success_rate", "success_ci_low", "success_ci_high", "n_rollouts", "env_ids", "object_ids",
-    "train_steps", "samples_seen", "wall_time_s", "checkpoint",
+    "train_steps", "samples_seen", "wall_time_s", "attempts", "checkpoint",
 ]  # fmt: skip
 ROLLOUT_COLUMNS = ["trial_id", "rollout_index", "env_id", "object_id", "seed", "score", "success", "steps"]
 REQUIRED = ["run_id", "n_envs", "n_objects", "demos_per_pair", "env_id", "object_id"]
@@ -207,6 +207,7 @@ def import_scores(
                 "train_steps": optional["train_steps"] or None,
                 "samples_seen": None,
                 "wall_time_s": None,
+                "attempts": None,
                 "checkpoint": optional["checkpoint"] or None,
                 "score_ci_low": mean_interval(group["score"].to_numpy(), confidence)[0],
                 "score_ci_high": mean_interval(group["score"].to_numpy(), confidence)[1],

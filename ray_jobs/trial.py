@@ -107,8 +107,11 @@ def run_trial(point: dict[str, Any], runtime: TrialRuntime) -> dict[str, Any]:
     if local:
         local_folder.mkdir(parents=True, exist_ok=True)
     resume_from = last_checkpoint(str(local_folder)) if local else None
+    attempt = 1
     if local:
-        _log_attempt(local_folder, {"started": time.time(), "resume_from": resume_from, "pid": os.getpid()})
+        attempt = _log_attempt(
+            local_folder, {"started": time.time(), "resume_from": resume_from, "pid": os.getpid()}
+        )
 
     injected = config.fault_injection.kill_after_first_checkpoint
     marker = local_folder / "fault_injected.json"
@@ -202,6 +205,7 @@ def run_trial(point: dict[str, Any], runtime: TrialRuntime) -> dict[str, Any]:
         "train_steps": int(_attr(trained, "steps", default=point["train_steps"])),
         "samples_seen": int(_attr(trained, "samples_seen", default=0)),
         "wall_time_s": time.perf_counter() - started,
+        "attempts": attempt,
         "checkpoint": checkpoint,
     }
     if local:

@@ -138,7 +138,7 @@ def _row(trial_id: str, score: float) -> dict:
         "trial_id": trial_id, "policy": "p", "n_envs": 2, "n_objects": 1, "n_pairs": 2, "demos_per_pair": 3,
         "total_demos": 6, "seed": 0, "score": score, "success_rate": score, "success_ci_low": 0.1,
         "success_ci_high": 0.9, "n_rollouts": 2, "env_ids": ["3", "7"], "object_ids": ["11"], "train_steps": 4,
-        "samples_seen": 32, "wall_time_s": 1.5, "checkpoint": "c.ckpt",
+        "samples_seen": 32, "wall_time_s": 1.5, "attempts": 1, "checkpoint": "c.ckpt",
     }  # fmt: skip
 
 

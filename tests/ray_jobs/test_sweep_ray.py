@@ -63,6 +63,10 @@ def test_grid_sweep_survives_a_killed_worker(sweep_files) -> None:
     assert all(Path(c).name == "last.ckpt" and Path(c).exists() for c in rows["checkpoint"])
     assert (output / "results.parquet").exists() and (output / "rollouts.csv").exists()
     _assert_resumed_from_checkpoint(output, KILLED)
+    # The killed trial's row says it took a second attempt (its wall time is that attempt's).
+    assert dict(zip(rows["trial_id"], rows["attempts"], strict=True)) == {
+        trial: (2 if trial == KILLED else 1) for trial in rows["trial_id"]
+    }
 
 
 @pytest.mark.slow
