@@ -323,7 +323,6 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
-    os.environ.setdefault("MUJOCO_GL", "egl")
     config = load_demo_config(quick=args.quick, path=args.config)
     print("demoscale demo:", json.dumps(asdict(config)), flush=True)
     run_demo(args.out, quick=args.quick, config=config)

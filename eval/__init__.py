@@ -1,11 +1,16 @@
 """Simulated tasks, rollout evaluation with confidence intervals, and real-robot score files.
 
 Importing this package is light (no MuJoCo, no torch): task modules load when a task is asked for.
+It sets the offscreen-rendering defaults (``MUJOCO_GL=egl``, ``LP_NUM_THREADS=0``; see
+``eval/rendering.py``) unless they are set already: MuJoCo reads them when it is first imported, and
+every task module is imported through this package.
 """
 
 from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
+
+import demoscale.eval.rendering  # noqa: F401  (first: the rendering defaults, before any MuJoCo import)
 
 # collect_sim shares its name with its module: bind the function eagerly (the module is light) so
 # that importing the module elsewhere never replaces the function on the package.

@@ -101,7 +101,6 @@ def main(argv: list[str]) -> int:
         return 0
 
     args = _eval_parser().parse_args(argv)
-    os.environ.setdefault("MUJOCO_GL", "egl")
     from demoscale.eval.ids import IdRangeError
     from demoscale.eval.rollout import SpecMismatchError, evaluate
     from demoscale.eval.tasks import UnknownTaskError

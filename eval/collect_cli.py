@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 
 from demoscale.eval.ids import IdRangeError
 from demoscale.eval.tasks import UnknownTaskError, task_names
@@ -44,7 +43,6 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str]) -> int:
     args = build_parser().parse_args(argv)
-    os.environ.setdefault("MUJOCO_GL", "egl")
     from demoscale.eval.collect_sim import collect_sim, summary_lines
 
     options = {"cameras": args.cameras} if args.cameras else None

@@ -126,7 +126,6 @@ def collect_pair(
 
 
 def _collect_pair_star(kwargs: dict) -> PairResult:
-    os.environ.setdefault("MUJOCO_GL", "egl")
     return collect_pair(**kwargs)
 
 

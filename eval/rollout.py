@@ -311,7 +311,6 @@ def _run_jobs(
     device: str,
     progress: bool = False,
 ) -> list[dict[str, Any]]:
-    os.environ.setdefault("MUJOCO_GL", "egl")
     actor = _resolve_policy(policy_ref, device=device)
     if not progress and "torch" in sys.modules:
         sys.modules["torch"].set_num_threads(1)  # worker processes share the cores: one thread each

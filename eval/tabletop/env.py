@@ -17,16 +17,12 @@ ingested ``action`` labels (the next frame's pose and width) replay exactly.
 
 from __future__ import annotations
 
-import os
 from collections.abc import Sequence
 
+import mujoco  # the package (demoscale.eval) set MUJOCO_GL before any of its modules loads
 import numpy as np
 from demoscale.eval.rendering import thread_gl_context
 from demoscale.eval.tabletop.scene import MAX_GRIPPER_WIDTH, build_mjcf, env_params, object_params
-
-os.environ.setdefault("MUJOCO_GL", "egl")
-
-import mujoco  # noqa: E402  (the GL backend is chosen by the environment variable above)
 
 CONTROL_HZ = 10.0
 SUBSTEPS = 10  # 10 x 10 ms physics steps per control step

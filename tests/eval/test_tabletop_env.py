@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
 import threading
 
 import numpy as np
@@ -108,6 +111,20 @@ def test_rendering_works_from_a_second_thread() -> None:
     first.join()
     assert not errors, errors
     assert len(images) == 2 and np.array_equal(images[0], images[1]) and images[0].std() > 0
+
+
+def test_the_package_sets_rendering_defaults_before_any_mujoco_import() -> None:
+    # wholebody/expert.py imports MuJoCo at its top; MuJoCo picks its GL backend at import time.
+    env = {
+        k: v for k, v in os.environ.items() if k not in ("MUJOCO_GL", "PYOPENGL_PLATFORM", "LP_NUM_THREADS")
+    }
+    code = (
+        "import os, demoscale.eval.wholebody.expert\n"
+        "from mujoco.rendering.classic import gl_context\n"
+        "print(gl_context.GLContext.__module__, os.environ['LP_NUM_THREADS'])"
+    )
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True)
+    assert out.stdout.split() == ["mujoco.egl", "0"]  # not GLFW, which needs a display
 
 
 def test_actions_are_absolute_pose_targets_with_limits() -> None:
