@@ -1,13 +1,16 @@
-"""Training callbacks: instantaneous throughput / data-wait / MFU logging, and scheduled garbage collection."""
+"""Training callbacks: progress lines, instantaneous throughput / data-wait / MFU logging, scheduled GC."""
 
 from __future__ import annotations
 
 import gc
+import sys
 import time
+from collections.abc import Callable
 from typing import Any
 
 import lightning as L
 import torch
+from demoscale.policies.progress import format_progress
 from lightning.pytorch.callbacks import ModelCheckpoint
 
 
@@ -97,6 +100,74 @@ class ThroughputLogger(L.Callback):
             "samples_per_s_median": median(self.samples_per_s),
             "data_wait_fraction_median": median(self.data_wait_fraction),
         }
+
+
+class TrainingProgress(L.Callback):
+    """Every ``every_s`` seconds (and at the end), report steps, loss, samples/s and the ETA.
+
+    Lightning's progress bar counts batches of an epoch; a step-budgeted run (``max_steps``) wants
+    the steps left and the time to the end, also in logs and pipes where a bar does not draw.
+    ``sink`` receives a dict (``step``, ``max_steps``, ``loss``, ``samples_per_s``, ``elapsed_s``,
+    ``eta_s``, ``done``); the default prints :func:`format_progress` to stderr. ``every_s <= 0``
+    turns it off. Only rank 0 reports.
+    """
+
+    def __init__(self, every_s: float = 30.0, sink: Callable[[dict[str, Any]], None] | None = None):
+        super().__init__()
+        self.every_s = every_s
+        self.sink = sink
+        self._started = 0.0
+        self._last = 0.0
+        self._first_step = 0
+        self._samples = 0
+
+    def on_train_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        self._started = self._last = time.perf_counter()
+        self._first_step = int(trainer.global_step)
+        self._samples = 0
+
+    def on_train_batch_end(
+        self, trainer: L.Trainer, pl_module: L.LightningModule, outputs: Any, batch: Any, batch_idx: int
+    ) -> None:
+        self._samples += int(batch["action"].shape[0]) * trainer.world_size
+        now = time.perf_counter()
+        if self.every_s > 0 and now - self._last >= self.every_s:
+            self._last = now
+            self._emit(trainer, done=False)
+
+    def on_train_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        if self.every_s > 0:
+            self._emit(trainer, done=True)
+
+    def snapshot(self, trainer: L.Trainer, done: bool = False) -> dict[str, Any]:
+        elapsed = time.perf_counter() - self._started
+        step = int(trainer.global_step)
+        max_steps = int(trainer.max_steps) if trainer.max_steps and trainer.max_steps > 0 else None
+        steps_done = step - self._first_step
+        eta = None
+        if done:
+            eta = 0.0
+        elif max_steps and steps_done > 0:
+            eta = (max_steps - step) * elapsed / steps_done
+        loss = trainer.callback_metrics.get("train/loss")
+        return {
+            "step": step,
+            "max_steps": max_steps,
+            "loss": None if loss is None else float(loss),
+            "samples_per_s": self._samples / elapsed if elapsed > 0 else None,
+            "elapsed_s": elapsed,
+            "eta_s": eta,
+            "done": done,
+        }
+
+    def _emit(self, trainer: L.Trainer, done: bool) -> None:
+        if trainer.global_rank != 0:
+            return
+        progress = self.snapshot(trainer, done)
+        if self.sink is not None:
+            self.sink(progress)
+        else:
+            print(f"train: {format_progress(progress)}", file=sys.stderr, flush=True)
 
 
 class ScheduledGC(L.Callback):

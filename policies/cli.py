@@ -7,6 +7,8 @@ flags; ``--print_config`` prints the resolved configuration. Added on top of Lig
   ``save_last=True``, and ``last.ckpt`` also at the final step); ``--ckpt_path last`` resumes from it;
 - ``throughput.*``: :class:`~demoscale.policies.callbacks.ThroughputLogger`;
 - ``gc.*``: :class:`~demoscale.policies.callbacks.ScheduledGC`;
+- ``progress.*``: :class:`~demoscale.policies.callbacks.TrainingProgress` (a line on stderr every
+  ``progress.every_s`` seconds: steps, loss, samples/s, ETA; 0 turns it off);
 - a CSV logger under ``trainer.default_root_dir`` unless ``trainer.logger`` is set (TensorBoard
   and W&B loggers work when their packages are installed: ``--trainer.logger=TensorBoardLogger``);
 - gradient accumulation derived from ``model.init_args.global_batch_size`` and the DataModule's
@@ -17,11 +19,13 @@ from __future__ import annotations
 
 import os
 import sys
+from collections.abc import Sequence
 from typing import Any
 
-from demoscale.policies.callbacks import PolicyCheckpoint, ScheduledGC, ThroughputLogger
+from demoscale.policies.callbacks import PolicyCheckpoint, ScheduledGC, ThroughputLogger, TrainingProgress
 from demoscale.policies.data import PolicyDataModule
 from demoscale.policies.lightning_module import PolicyModule
+from lightning.pytorch import Callback
 from lightning.pytorch.cli import LightningCLI
 
 
@@ -40,6 +44,7 @@ class PolicyCLI(LightningCLI):
         )
         parser.add_lightning_class_args(ThroughputLogger, "throughput")
         parser.add_lightning_class_args(ScheduledGC, "gc")
+        parser.add_lightning_class_args(TrainingProgress, "progress")
 
     def before_instantiate_classes(self) -> None:
         config = self.config[self.subcommand] if self.subcommand else self.config
@@ -71,8 +76,11 @@ class PolicyCLI(LightningCLI):
             trainer["accumulate_grad_batches"] = global_batch // per_step
 
 
-def make_cli(argv: list[str] | None, run: bool = True) -> PolicyCLI:
-    """The CLI object (``run=False`` only parses and instantiates)."""
+def make_cli(
+    argv: list[str] | None, run: bool = True, callbacks: Sequence[Callback] | None = None
+) -> PolicyCLI:
+    """The CLI object (``run=False`` only parses and instantiates); ``callbacks`` are added to the
+    Trainer's (for callers such as a sweep trial that need hooks no config can name)."""
     return PolicyCLI(
         PolicyModule,
         PolicyDataModule,
@@ -80,7 +88,7 @@ def make_cli(argv: list[str] | None, run: bool = True) -> PolicyCLI:
         args=argv,
         run=run,
         save_config_kwargs={"overwrite": True},
-        trainer_defaults={"default_root_dir": "runs"},
+        trainer_defaults={"default_root_dir": "runs", "callbacks": list(callbacks or [])},
         parser_kwargs={"prog": "demoscale train"},
         auto_configure_optimizers=False,
     )

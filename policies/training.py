@@ -5,7 +5,7 @@ from __future__ import annotations
 import os
 import sys
 import time
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -60,7 +60,9 @@ def train_args(
 
 
 def train(
-    config: str | os.PathLike[str] | Mapping[str, Any], overrides: Mapping[str, Any] | None = None
+    config: str | os.PathLike[str] | Mapping[str, Any],
+    overrides: Mapping[str, Any] | None = None,
+    callbacks: Sequence[Any] | None = None,
 ) -> TrainResult:
     """Train a policy with the Lightning CLI (the same code path as ``demoscale train fit``).
 
@@ -69,6 +71,7 @@ def train(
         overrides: dotted keys -> values applied after the config, e.g.
             ``{"data.episodes": [0, 3, 5], "trainer.max_steps": 200, "trainer.default_root_dir": "out"}``.
             ``"ckpt_path": "last"`` resumes from the run's last checkpoint.
+        callbacks: extra Lightning callbacks for this run (e.g. a sweep's progress reporter).
     """
     from demoscale.policies.callbacks import ThroughputLogger
     from demoscale.policies.cli import make_cli
@@ -78,7 +81,7 @@ def train(
     saved_argv = sys.argv
     sys.argv = sys.argv[:1]
     try:
-        cli = make_cli(train_args(config, overrides), run=True)
+        cli = make_cli(train_args(config, overrides), run=True, callbacks=callbacks)
     finally:
         sys.argv = saved_argv
     trainer = cli.trainer

@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import math
 import sys
 import time
 from typing import Any
 
+from demoscale.policies.progress import format_duration, format_progress
 from demoscale.ray_jobs.results import ResultsTable
 from ray.tune import Callback
 
@@ -43,24 +45,33 @@ def _trial_id(trial: Any) -> str:
 
 
 class LiveTable(Callback):
-    """A table of trials (running/finished/failed, score) and the best score so far.
+    """A table of trials (state, training progress, score) and the best score so far.
 
-    On a terminal it redraws in place with rich; otherwise it prints one line per change of state.
+    On a terminal it redraws in place with rich (a declared dependency; without it, or in a pipe or
+    a log file, it prints plain lines instead): one line per change of state, and each running
+    trial's progress (steps, loss, samples/s, ETA) at most every ``progress_every_s`` seconds.
     """
 
-    def __init__(self, total: int, skipped: int = 0, stream: Any = None) -> None:
+    def __init__(
+        self, total: int, skipped: int = 0, stream: Any = None, progress_every_s: float = 30.0
+    ) -> None:
         self.total = total
         self.skipped = skipped
         self.stream = stream or sys.stdout
+        self.progress_every_s = progress_every_s
         self.state: dict[str, str] = {}
         self.scores: dict[str, float] = {}
         self.retries: dict[str, int] = {}
+        self.progress: dict[str, dict[str, Any]] = {}
+        self._progress_printed: dict[str, float] = {}
         self.started = time.perf_counter()
         self.live = None
         if getattr(self.stream, "isatty", lambda: False)():
-            from rich.console import Console
-            from rich.live import Live
-
+            try:
+                from rich.console import Console
+                from rich.live import Live
+            except ImportError:  # plain lines are a complete display too
+                return
             self.live = Live(
                 self._render(), console=Console(file=self.stream), refresh_per_second=2, transient=False
             )
@@ -96,16 +107,34 @@ class LiveTable(Callback):
             + f" | {self._best()}"
         )
 
+    def _progress_cells(self, trial: str) -> tuple[str, str, str, str]:
+        progress = self.progress.get(trial)
+        if not progress or self.state.get(trial) not in ("running", "retrying"):
+            return "", "", "", ""
+        step = (
+            f"{progress['step']}/{progress['max_steps']}"
+            if progress.get("max_steps")
+            else str(progress["step"])
+        )
+        loss = "" if progress.get("loss") is None else f"{progress['loss']:.4g}"
+        rate = f"{progress['samples_per_s']:.0f}" if progress.get("samples_per_s") else ""
+        eta = "" if progress.get("eta_s") is None else format_duration(progress["eta_s"])
+        return step, loss, rate, eta
+
     def _render(self) -> Any:
         from rich.table import Table
 
         table = Table(title=self._summary(), title_justify="left")
-        for column in ("trial", "state", "score", "retries"):
+        for column in ("trial", "state", "step", "loss", "samples/s", "ETA", "score", "retries"):
             table.add_column(column)
         for trial, state in self.state.items():
             score = self.scores.get(trial)
             table.add_row(
-                trial, state, "" if score is None else f"{score:.3f}", str(self.retries.get(trial, 0))
+                trial,
+                state,
+                *self._progress_cells(trial),
+                "" if score is None else f"{score:.3f}",
+                str(self.retries.get(trial, 0)),
             )
         return table
 
@@ -121,6 +150,20 @@ class LiveTable(Callback):
 
     def on_trial_start(self, iteration: int, trials: list, trial: Any, **info: Any) -> None:
         self._changed(trial, "running")
+
+    def on_trial_result(self, iteration: int, trials: list, trial: Any, result: dict, **info: Any) -> None:
+        progress = result.get("progress")
+        if not isinstance(progress, dict):
+            return
+        name = _trial_id(trial)
+        self.progress[name] = progress
+        if self.live is not None:
+            self.live.update(self._render())
+            return
+        now = time.perf_counter()
+        if now - self._progress_printed.get(name, -math.inf) >= self.progress_every_s:
+            self._progress_printed[name] = now
+            print(f"{name}: training {format_progress(progress)}", file=self.stream, flush=True)
 
     def on_trial_recover(self, iteration: int, trials: list, trial: Any, **info: Any) -> None:
         name = _trial_id(trial)

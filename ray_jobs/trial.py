@@ -31,6 +31,8 @@ CKPT_DIR_KEY = "checkpoint.dirpath"
 CKPT_PATH_KEY = "ckpt_path"
 
 LAST_CHECKPOINT = "last.ckpt"
+# How often a trial sends its training progress to the sweep's live display.
+PROGRESS_EVERY_S = 5.0
 
 
 @dataclass
@@ -97,8 +99,13 @@ def offline_score(loss: float) -> float:
     return float(math.exp(-max(float(loss), 0.0)))
 
 
-def run_trial(point: dict[str, Any], runtime: TrialRuntime) -> dict[str, Any]:
-    """Train and evaluate one grid point; returns ``{"score", "row", "rollouts"}``."""
+def run_trial(
+    point: dict[str, Any], runtime: TrialRuntime, progress: Callable[[dict[str, Any]], None] | None = None
+) -> dict[str, Any]:
+    """Train and evaluate one grid point; returns ``{"score", "row", "rollouts"}``.
+
+    ``progress`` receives the training's progress (steps, loss, samples/s, ETA) every
+    ``PROGRESS_EVERY_S`` seconds while the default trainer runs."""
     config = runtime.config
     started = time.perf_counter()
     folder = trial_dir(runtime.output, point["trial_id"])
@@ -132,11 +139,16 @@ def run_trial(point: dict[str, Any], runtime: TrialRuntime) -> dict[str, Any]:
     }
     if resume_from:
         overrides[CKPT_PATH_KEY] = "last"
-    train_fn = runtime.train_fn
+    train_fn, train_kwargs = runtime.train_fn, {}
     if train_fn is None:
         from demoscale.policies import train as train_fn
+
+        if progress is not None:
+            from demoscale.policies.callbacks import TrainingProgress
+
+            train_kwargs["callbacks"] = [TrainingProgress(every_s=PROGRESS_EVERY_S, sink=progress)]
     try:
-        trained = train_fn(config.resolve(policy.config), overrides=overrides)
+        trained = train_fn(config.resolve(policy.config), overrides=overrides, **train_kwargs)
     except SystemExit as err:  # the Lightning CLI exits on bad arguments; fail the trial, not the worker
         raise RuntimeError(
             f"trial {point['trial_id']}: training with {config.resolve(policy.config)} exited ({err.code}); "
@@ -214,8 +226,12 @@ def run_trial(point: dict[str, Any], runtime: TrialRuntime) -> dict[str, Any]:
 
 
 def tune_trainable(params: dict[str, Any], runtime: TrialRuntime) -> None:
-    """The Tune function trainable: one report at the end, carrying the row and its rollouts."""
+    """The Tune function trainable: progress reports while training (``{"progress": {...}}``), then one
+    final report carrying the score, the row and its rollouts."""
     from ray import tune
 
-    outcome = run_trial(params["point"], runtime)
+    def report_progress(progress: dict[str, Any]) -> None:
+        tune.report({"progress": progress})
+
+    outcome = run_trial(params["point"], runtime, progress=report_progress)
     tune.report({"score": outcome["score"], "row": outcome["row"], "rollouts": outcome["rollouts"]})

@@ -25,3 +25,59 @@ def pusht_replay_path() -> Path:
     if not (PUSHT_REPLAY / "meta" / "episode_ends").exists():
         pytest.skip(f"real PushT data not found at {PUSHT_REPLAY} (set DEMOSCALE_PUSHT_ZARR)")
     return PUSHT_REPLAY
+
+
+def run_in_terminal(
+    argv: list[str], timeout: float, columns: int = 160, env: dict[str, str] | None = None
+) -> tuple[int, str]:
+    """Run ``argv`` with stdin/stdout/stderr on a real pseudo-terminal; return (exit code, output).
+
+    What a user sees in an interactive terminal: ``isatty()`` is true, so live displays draw.
+    """
+    import fcntl
+    import pty
+    import select
+    import struct
+    import subprocess
+    import termios
+    import time
+
+    main_fd, terminal_fd = pty.openpty()
+    fcntl.ioctl(terminal_fd, termios.TIOCSWINSZ, struct.pack("HHHH", 50, columns, 0, 0))
+    process = subprocess.Popen(
+        argv,
+        stdin=terminal_fd,
+        stdout=terminal_fd,
+        stderr=terminal_fd,
+        env={**os.environ, "TERM": "xterm-256color", "COLUMNS": str(columns), **(env or {})},
+        close_fds=True,
+        start_new_session=True,
+    )
+    os.close(terminal_fd)
+    chunks: list[bytes] = []
+    deadline = time.monotonic() + timeout
+    try:
+        while True:
+            if time.monotonic() > deadline:
+                process.kill()
+                raise TimeoutError(f"{argv} still running after {timeout} s")
+            ready, _, _ = select.select([main_fd], [], [], 0.5)
+            if ready:
+                try:
+                    data = os.read(main_fd, 65536)
+                except OSError:  # EIO: every writer closed the terminal
+                    data = b""
+                if not data and process.poll() is not None:
+                    break
+                chunks.append(data)
+            elif process.poll() is not None:
+                break
+    finally:
+        os.close(main_fd)
+    return process.wait(), b"".join(chunks).decode("utf-8", "replace")
+
+
+@pytest.fixture()
+def terminal():
+    """:func:`run_in_terminal`, for tests of what commands show in an interactive terminal."""
+    return run_in_terminal

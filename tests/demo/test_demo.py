@@ -47,10 +47,15 @@ def test_demo_config_rejects_too_few_environment_counts() -> None:
         DemoConfig(env_counts=[1, 2], max_envs=2)
 
 
-def test_quick_demo_writes_a_complete_report(tmp_path: Path) -> None:
+def test_quick_demo_writes_a_complete_report(tmp_path: Path, terminal) -> None:
+    """Run as a newcomer runs it: in an interactive terminal (the sweep's live table draws)."""
     out = tmp_path / "demo"
-    result = _run_demo(out, "--quick", timeout=900)
-    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    code, output = terminal(
+        [sys.executable, "-m", "demoscale", "demo", "--out", str(out), "--quick"], timeout=1800
+    )
+    assert code == 0, output[-3000:]
+    assert "Traceback" not in output, output[-3000:]
+    assert "samples/s" in output and "ETA" in output, "the live table with training progress"
 
     for name in REPORT_FILES:
         assert (out / name).is_file(), f"{name} missing from the report folder"
@@ -72,7 +77,7 @@ def test_quick_demo_writes_a_complete_report(tmp_path: Path) -> None:
     assert recommendation["status"] in {"ok", "unreachable", "extrapolation"}
     report = (out / "report.md").read_text()
     assert "Fitted law" in report and "Time per stage" in report
-    assert "demoscale demo finished" in result.stdout
+    assert "demoscale demo finished" in output
 
 
 @pytest.mark.slow
