@@ -347,9 +347,8 @@ def _plan_lines(decision: BudgetRecommendation, pct: str) -> list[str]:
     if not plans:
         return ["  (none: no candidate within the search caps)"]
     keep = _rows_to_show(plans, decision.plan, decision.best_in_range)
-    unit = f" ({decision.cost_unit})" if decision.cost_unit else ""
     lines = [
-        f"  {'add':<20}{'to (e x o x d)':>14}{'extrap.':>8}{'score (' + pct + ')':>19}{'P':>6}{'cost' + unit:>9}"
+        f"  {'add':<20}{'to (e x o x d)':>14}{'extrap.':>8}{'score (' + pct + ')':>19}{'P':>6}{'cost':>9}"
     ]
     for plan in keep:
         mark = ">" if plan is decision.plan else " "
@@ -363,7 +362,8 @@ def _plan_lines(decision: BudgetRecommendation, pct: str) -> list[str]:
             f" {mark}{added:<20}{to:>14}{plan.extrapolation_factor:>7.1f}x{score:>19}"
             f"{plan.probability:>6.0%}{_money(plan.added_cost, ''):>9}"
         )
-    lines.append("  (e x o x d: environments x objects per environment x demos per pair)")
+    unit = f"; cost in {decision.cost_unit}" if decision.cost_unit else ""
+    lines.append(f"  (e x o x d: environments x objects per environment x demos per pair{unit})")
     if len(keep) < len(plans):
         lines.append(f"  ({len(plans) - len(keep)} more candidates in to_dict()['plans'])")
     if decision.plan is not None:
