@@ -11,3 +11,10 @@ Subpackages (one per folder of the repository):
 """
 
 __version__ = "0.1.0"
+
+# The one confidence level of every statement the package makes, unless a ``confidence=`` argument
+# (``--confidence`` on the command line) says otherwise: rollout intervals (success rate and mean
+# score), scaling-law and prediction intervals, plot bands, and the decision rule of a budget (a plan
+# must reach its target in this share of the bootstrap laws; "out of reach" needs this share to
+# stay below it). Kept here, in the package root, because eval and scaling may not import each other.
+DEFAULT_CONFIDENCE = 0.9

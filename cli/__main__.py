@@ -44,8 +44,21 @@ def main(argv: list[str] | None = None) -> int:
     if name not in COMMANDS:
         print(f"demoscale: unknown command {name!r}\n\n{_usage()}", file=sys.stderr)
         return 2
-    module = importlib.import_module(COMMANDS[name][0])
-    return int(module.main(rest) or 0)
+    try:
+        module = importlib.import_module(COMMANDS[name][0])
+        return int(module.main(rest) or 0)
+    except ModuleNotFoundError as error:
+        missing = (error.name or "").split(".")[0]
+        if not missing or missing == "demoscale":
+            raise
+        # The core install carries only what `demoscale laws` needs; say how to get the rest.
+        print(
+            f"demoscale {name}: needs the Python package {missing!r}, which the light install "
+            "(pip install demoscale, or demoscale[laws]) leaves out; install everything with: "
+            "pip install 'demoscale[full]'",
+            file=sys.stderr,
+        )
+        return 1
 
 
 if __name__ == "__main__":

@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Any
 
 import yaml
+from demoscale import DEFAULT_CONFIDENCE
 
 CONFIGS_DIR = Path(__file__).resolve().parents[1] / "configs"
 DEMO_CONFIG = CONFIGS_DIR / "demo.yaml"
@@ -48,10 +49,12 @@ class DemoConfig:
     eval_episodes_per_pair: int = 3
     trial_cpus: float = 1.0
     target: float = 0.9
-    confidence: float = 0.8
+    # The one level of the run: rollout intervals, law intervals, plot bands and the decision rule.
+    confidence: float = DEFAULT_CONFIDENCE
     cost_env: float = 25.0
     cost_object: float = 10.0
     cost_demo: float = 1.0
+    cost_unit: str = "$"
 
     def __post_init__(self) -> None:
         if max(self.env_counts) > self.max_envs:
@@ -131,7 +134,7 @@ def sweep_config(config: DemoConfig, store: Path, output: Path) -> dict[str, Any
             "episodes": config.eval_envs * config.eval_objects * config.eval_episodes_per_pair,
             "seed": 0,
             # The cameras the demonstrations were recorded with: the tabletop default is the wrist.
-            "options": {"env_options": {"cameras": list(config.cameras)}},
+            "options": {"env_options": {"cameras": list(config.cameras)}, "confidence": config.confidence},
         },
         "budget": dict(config.budget),
         "resources": {"cpu": config.trial_cpus},
@@ -165,19 +168,22 @@ def _fit_and_recommend(config: DemoConfig, sweep_dir: Path, report_dir: Path, st
 
     results = sweep_dir / "results.csv"
     rollouts = sweep_dir / "rollouts.csv"
+    level = config.confidence
     with stages.run("fit", "log-log and saturating laws of the gap 1 - score over n_envs"):
-        loglog = fit_law(results, axis="n_envs", method="loglog", rollouts=rollouts, confidence=0.9)
+        loglog = fit_law(results, axis="n_envs", method="loglog", rollouts=rollouts, confidence=level)
         print(loglog.summary())
     with stages.run("plot", "scaling-law figure"):
-        plots = plot_laws(results, report_dir / "plots", axes=["n_envs"], rollouts=rollouts)
-    with stages.run("recommend", f"cheapest plan reaching {config.target:.0%} on unseen environments"):
+        plots = plot_laws(results, report_dir / "plots", axes=["n_envs"], rollouts=rollouts, confidence=level)
+    with stages.run("recommend", f"what to add to reach {config.target:.0%} on unseen environments"):
+        # The same decision summary as `demoscale laws recommend` (the law chosen by comparison).
         recommendation = recommend_budget(
             results,
             target=config.target,
             cost_env=config.cost_env,
             cost_object=config.cost_object,
             cost_demo=config.cost_demo,
-            confidence=config.confidence,
+            cost_unit=config.cost_unit,
+            confidence=level,
             axis="n_envs",
             rollouts=rollouts,
         )
@@ -242,7 +248,7 @@ def _summary(fit: Any, recommendation: Any, total: float, out: Path) -> str:
             "=" * 72,
             f"demoscale demo finished in {total / 60:.1f} min. Report: {out / 'report.md'}",
             f"  law:    {_law_line(fit)}",
-            f"  budget: {recommendation.message}",
+            f"  decision ({recommendation.status}): {recommendation.message}",
             "=" * 72,
         ]
     )
@@ -259,14 +265,17 @@ def _report_markdown(
     total: float,
     out: Path,
 ) -> str:
+    pct = f"{config.confidence:.0%}"
     rows = [
-        "| n_envs | seed | score | success rate (95% Wilson) | rollouts |",
+        f"| n_envs | seed | score ({pct} interval) | success rate ({pct} interval) | rollouts |",
         "| --- | --- | --- | --- | --- |",
     ]
     for _, row in results.sort_values(["n_envs", "seed"]).iterrows():
         rows.append(
-            f"| {int(row['n_envs'])} | {int(row['seed'])} | {row['score']:.3f} | {row['success_rate']:.2f} "
-            f"[{row['success_ci_low']:.2f}, {row['success_ci_high']:.2f}] | {int(row['n_rollouts'])} |"
+            f"| {int(row['n_envs'])} | {int(row['seed'])} | {row['score']:.3f} "
+            f"[{row.get('score_ci_low', float('nan')):.2f}, {row.get('score_ci_high', float('nan')):.2f}] | "
+            f"{row['success_rate']:.2f} [{row['success_ci_low']:.2f}, {row['success_ci_high']:.2f}] | "
+            f"{int(row['n_rollouts'])} |"
         )
     timing = "\n".join(f"| {name} | {secs:.0f} s |" for name, secs in seconds.items())
     # plot_laws writes the combined figure first, then one file per panel.
@@ -284,6 +293,9 @@ def _report_markdown(
   {config.eval_episodes_per_pair} episodes.
 
 ## Results (one row per trial; all rows in `results.csv`, rollouts in `rollouts.csv`)
+Every interval in this report is at {pct} (the demo's `confidence`): Wilson intervals for the rollouts,
+bootstrap or OLS intervals for the laws, and the probability the decision asks of a plan.
+
 {chr(10).join(rows)}
 
 ## Fitted law (the scaling-laws study's log-log fit)
@@ -295,8 +307,11 @@ def _report_markdown(
 
 {figure}
 
-## Recommendation (target {config.target:.0%} on unseen environments, confidence {config.confidence:.0%})
-Cost model: ${config.cost_env:g} per environment, ${config.cost_object:g} per object, ${config.cost_demo:g} per demo.
+## Decision (target {config.target:.0%} on unseen environments, at {pct} confidence)
+The summary `demoscale laws recommend results.csv --target {config.target:g} --cost-env {config.cost_env:g}
+--cost-object {config.cost_object:g} --cost-demo {config.cost_demo:g} --cost-unit '{config.cost_unit}' --confidence {config.confidence:g}`
+prints: the law chosen by model comparison, the plans as increments over the {max(config.env_counts)} environments
+trained, each with its probability of reaching the target, its extrapolation factor and its cost.
 
 ```
 {recommendation.summary()}

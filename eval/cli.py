@@ -12,6 +12,17 @@ import json
 import os
 import sys
 
+from demoscale import DEFAULT_CONFIDENCE
+
+
+def _add_confidence(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--confidence",
+        type=float,
+        default=DEFAULT_CONFIDENCE,
+        help=f"level of the score and success-rate intervals (Wilson; default {DEFAULT_CONFIDENCE:g})",
+    )
+
 
 def _eval_parser() -> argparse.ArgumentParser:
     from demoscale.eval.tasks import task_names
@@ -56,6 +67,7 @@ def _eval_parser() -> argparse.ArgumentParser:
     )
     parser.add_argument("--batch-size", type=int, default=8, help="environments stepped in lockstep")
     parser.add_argument("--device", default="cpu")
+    _add_confidence(parser)
     return parser
 
 
@@ -79,6 +91,7 @@ def _scores_parser() -> argparse.ArgumentParser:
     )
     parser.add_argument("file", help="CSV with one row per real-robot rollout")
     parser.add_argument("--out", required=True, help="output directory")
+    _add_confidence(parser)
     return parser
 
 
@@ -88,7 +101,7 @@ def main(argv: list[str]) -> int:
         from demoscale.eval.scores import ScoreFileError, import_scores
 
         try:
-            results, rollouts = import_scores(args.file, args.out)
+            results, rollouts = import_scores(args.file, args.out, confidence=args.confidence)
         except ScoreFileError as error:
             print(f"demoscale eval import-scores: {error}", file=sys.stderr)
             return 2
@@ -132,6 +145,7 @@ def main(argv: list[str]) -> int:
             env_options=env_options or None,
             batch_size=args.batch_size,
             device=args.device,
+            confidence=args.confidence,
         )
     except (UnknownTaskError, IdRangeError, SpecMismatchError, ValueError) as error:
         print(f"demoscale eval: {error}", file=sys.stderr)
@@ -140,7 +154,7 @@ def main(argv: list[str]) -> int:
     print(
         f"{s['task']} ({s['split']}): score {s['score']:.3f} [{s['score_ci_low']:.3f}, {s['score_ci_high']:.3f}], "
         f"success {s['success_rate']:.3f} [{s['success_ci_low']:.3f}, {s['success_ci_high']:.3f}] "
-        f"over {s['n_rollouts']} rollouts"
+        f"over {s['n_rollouts']} rollouts ({s['confidence']:.0%} Wilson intervals)"
     )
     if args.out:
         print(f"wrote {args.out}/rollouts.csv, summary.json" + (", videos/" if args.videos else ""))

@@ -11,8 +11,9 @@ when the task succeeds or after the task's ``max_steps``.
 
 Outputs (when ``out_dir`` is given): ``rollouts.csv`` (one row per rollout: rollout_index,
 env_id, object_id, seed, stage_1..stage_n, stage_score, max_stage_score, score, success, steps),
-``summary.json`` (mean normalised score with a t interval, success rate with a Wilson 95%
-interval, n_rollouts, ...) and ``videos/rollout_<k>.mp4`` for the first ``video_episodes`` rollouts.
+``summary.json`` (mean normalised score and success rate, each with a Wilson interval at
+``confidence``, by default ``demoscale.DEFAULT_CONFIDENCE``; n_rollouts, ...) and
+``videos/rollout_<k>.mp4`` for the first ``video_episodes`` rollouts.
 """
 
 from __future__ import annotations
@@ -31,6 +32,7 @@ from typing import Any
 
 import numpy as np
 import pandas as pd
+from demoscale import DEFAULT_CONFIDENCE
 from demoscale.eval.ids import env_ids, object_ids, pair_ids
 from demoscale.eval.tasks import TaskDefinition, get_task
 
@@ -41,7 +43,7 @@ class SpecMismatchError(ValueError):
     """A policy's observation/action spec does not match the task it is evaluated on."""
 
 
-def wilson_interval(successes: int, n: int, confidence: float = 0.95) -> tuple[float, float]:
+def wilson_interval(successes: float, n: int, confidence: float = DEFAULT_CONFIDENCE) -> tuple[float, float]:
     """Wilson score interval for a binomial proportion (``(nan, nan)`` when ``n`` is 0).
 
     ``(p + z^2/2n -/+ z * sqrt(p(1-p)/n + z^2/4n^2)) / (1 + z^2/n)`` with ``z`` the two-sided normal
@@ -59,23 +61,27 @@ def wilson_interval(successes: int, n: int, confidence: float = 0.95) -> tuple[f
     return float(min(max(0.0, centre - half), p)), float(max(min(1.0, centre + half), p))
 
 
-def mean_interval(values: Sequence[float], confidence: float = 0.95) -> tuple[float, float]:
-    """Student-t interval for a mean score, clipped to [0, 1] (the mean twice when there is no spread)."""
-    from scipy.special import stdtrit
+def mean_interval(values: Sequence[float], confidence: float = DEFAULT_CONFIDENCE) -> tuple[float, float]:
+    """Interval for the mean of scores in [0, 1]: the Wilson interval of ``sum(values)`` successes
+    out of ``len(values)`` (``(nan, nan)`` when empty).
 
+    For 0/1 scores this is the success-rate interval itself. For staged scores it is conservative,
+    since a score in [0, 1] with mean p has a variance of at most p(1 - p), the Bernoulli one. Unlike
+    a t interval it does not collapse to a point when every rollout scores the same (all 0 or all 1
+    is the common case for a weak or a strong policy): 60 rollouts that all succeed give [0.96, 1] at
+    90%, not [1, 1]."""
     values = np.asarray(values, dtype=float)
     if len(values) == 0:
         return float("nan"), float("nan")
-    mean = float(values.mean())
-    if len(values) < 2 or float(values.std()) == 0.0:
-        return mean, mean
-    sem = float(values.std(ddof=1)) / math.sqrt(len(values))
-    half = float(stdtrit(len(values) - 1, 0.5 + confidence / 2)) * sem
-    return max(0.0, mean - half), min(1.0, mean + half)
+    if ((values < 0) | (values > 1)).any():
+        raise ValueError(
+            f"scores must lie in [0, 1] for a score interval, got {values.min()}..{values.max()}"
+        )
+    return wilson_interval(float(values.sum()), len(values), confidence)
 
 
-def summarise(rollouts: pd.DataFrame, confidence: float = 0.95) -> dict[str, Any]:
-    """Mean score with a t interval and success rate with a Wilson interval over ``rollouts``."""
+def summarise(rollouts: pd.DataFrame, confidence: float = DEFAULT_CONFIDENCE) -> dict[str, Any]:
+    """Mean score and success rate over ``rollouts``, each with a Wilson interval at ``confidence``."""
     n = len(rollouts)
     successes = int(rollouts["success"].sum()) if n else 0
     score_low, score_high = mean_interval(rollouts["score"].to_numpy() if n else [], confidence)
@@ -358,6 +364,7 @@ def evaluate(
     device: str = "cpu",
     progress: bool = True,
     pairing: str = "grid",
+    confidence: float = DEFAULT_CONFIDENCE,
 ) -> EvalResult:
     """Roll ``policy`` out on the first ``n_envs`` x ``n_objects`` pairs of ``split``.
 
@@ -366,7 +373,8 @@ def evaluate(
     environment x object) or ``"unique"`` (environment k with object k, as ``collect_sim`` pairs
     them; evaluates a policy on exactly its training pairs). ``episodes`` is the total number of
     rollouts, spread round-robin over the pairs (rollout i runs on pair ``i % n_pairs``; default one
-    per pair); use a multiple of the pair count for a balanced evaluation.
+    per pair); use a multiple of the pair count for a balanced evaluation. ``confidence`` is the
+    level of the summary's intervals.
     The image size defaults to the policy's training size (96 for the expert). A policy whose
     observation keys/shapes or action size do not fit the task raises :class:`SpecMismatchError`
     before any rollout; unknown tasks and ids outside the documented ranges raise too.
@@ -443,7 +451,7 @@ def evaluate(
         "n_envs": n_envs,
         "n_objects": n_objects,
         "episodes": episodes,
-        **summarise(rollouts),
+        **summarise(rollouts, confidence),
         "mean_steps": float(rollouts["steps"].mean()),
         "image_size": image_size,
         "seed": seed,

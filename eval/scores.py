@@ -23,9 +23,10 @@ column              required  meaning
 ==================  ========  =================================================================
 
 Output: ``results.csv`` (one row per run: trial_id, policy, n_envs, n_objects, n_pairs,
-demos_per_pair, total_demos, seed, score, success_rate, success_ci_low, success_ci_high,
-n_rollouts, env_ids, object_ids, train_steps, samples_seen, wall_time_s, checkpoint; the id lists
-are JSON lists of strings) and ``rollouts.csv`` (trial_id, rollout_index, env_id, object_id, seed,
+demos_per_pair, total_demos, seed, score, score_ci_low, score_ci_high, success_rate,
+success_ci_low, success_ci_high, confidence, n_rollouts, env_ids, object_ids, train_steps,
+samples_seen, wall_time_s, checkpoint; both intervals are Wilson intervals at ``confidence``, see
+:func:`demoscale.eval.rollout.mean_interval`; the id lists are JSON lists of strings) and ``rollouts.csv`` (trial_id, rollout_index, env_id, object_id, seed,
 score, success, steps, + ``stage_<k>`` columns).
 """
 
@@ -38,12 +39,15 @@ from pathlib import Path
 
 import numpy as np
 import pandas as pd
+from demoscale import DEFAULT_CONFIDENCE
 from demoscale.eval.rollout import mean_interval, wilson_interval
 
+# ``confidence`` is the level of both intervals of the row (score and success rate).
 RESULT_COLUMNS = [
     "trial_id", "policy", "n_envs", "n_objects", "n_pairs", "demos_per_pair", "total_demos", "seed",
-    "score", "success_rate", "success_ci_low", "success_ci_high", "n_rollouts", "env_ids", "object_ids",
-    "train_steps", "samples_seen", "wall_time_s", "attempts", "checkpoint",
+    "score", "score_ci_low", "score_ci_high", "success_rate", "success_ci_low", "success_ci_high",
+    "confidence", "n_rollouts", "env_ids", "object_ids", "train_steps", "samples_seen", "wall_time_s",
+    "attempts", "checkpoint",
 ]  # fmt: skip
 ROLLOUT_COLUMNS = ["trial_id", "rollout_index", "env_id", "object_id", "seed", "score", "success", "steps"]
 REQUIRED = ["run_id", "n_envs", "n_objects", "demos_per_pair", "env_id", "object_id"]
@@ -162,9 +166,13 @@ def _run_value(group: pd.DataFrame, column: str, path: str):
 
 
 def import_scores(
-    path: str | os.PathLike, out_dir: str | os.PathLike | None = None, confidence: float = 0.95
+    path: str | os.PathLike,
+    out_dir: str | os.PathLike | None = None,
+    confidence: float = DEFAULT_CONFIDENCE,
 ) -> tuple[pd.DataFrame, pd.DataFrame]:
-    """Turn a real-robot score file into (results, rollouts) tables; write both CSVs to ``out_dir``."""
+    """Turn a real-robot score file into (results, rollouts) tables; write both CSVs to ``out_dir``.
+
+    Each run's score and success rate get Wilson intervals at ``confidence``."""
     path = str(path)
     rollouts = read_score_file(path)
     rows = []
@@ -175,6 +183,7 @@ def import_scores(
         n = len(group)
         successes = int(group["success"].sum())
         low, high = wilson_interval(successes, n, confidence)
+        score_low, score_high = mean_interval(group["score"].to_numpy(), confidence)
         optional = {
             c: _run_value(group, "_" + c, path) if "_" + c in group.columns else None
             for c in ("policy", "n_pairs", "total_demos", "checkpoint", "train_steps")
@@ -198,9 +207,12 @@ def import_scores(
                 "total_demos": total,
                 "seed": int(group["seed"].iloc[0]),
                 "score": float(group["score"].mean()),
+                "score_ci_low": score_low,
+                "score_ci_high": score_high,
                 "success_rate": successes / n,
                 "success_ci_low": low,
                 "success_ci_high": high,
+                "confidence": confidence,
                 "n_rollouts": n,
                 "env_ids": json.dumps(sorted(group["env_id"].unique().tolist())),
                 "object_ids": json.dumps(sorted(group["object_id"].unique().tolist())),
@@ -209,11 +221,9 @@ def import_scores(
                 "wall_time_s": None,
                 "attempts": None,
                 "checkpoint": optional["checkpoint"] or None,
-                "score_ci_low": mean_interval(group["score"].to_numpy(), confidence)[0],
-                "score_ci_high": mean_interval(group["score"].to_numpy(), confidence)[1],
             }
         )
-    results = pd.DataFrame(rows)[RESULT_COLUMNS + ["score_ci_low", "score_ci_high"]]
+    results = pd.DataFrame(rows)[RESULT_COLUMNS]
     stage_columns = [c for c in rollouts.columns if _STAGE.match(c)]
     rollouts = rollouts[ROLLOUT_COLUMNS + stage_columns]
     if out_dir is not None:

@@ -169,6 +169,7 @@ def run_trial(
             )
         score = offline_score(float(metrics[spec.metric]))
         summary = {"success_rate": float("nan"), "ci_low": float("nan"), "ci_high": float("nan"), "n": 0}
+        summary.update(score_ci_low=float("nan"), score_ci_high=float("nan"), confidence=float("nan"))
     else:
         evaluate_fn = runtime.evaluate_fn
         if evaluate_fn is None:
@@ -196,6 +197,10 @@ def run_trial(
             "ci_low": float(_attr(raw, "success_ci_low", "success_rate_ci_low")),
             "ci_high": float(_attr(raw, "success_ci_high", "success_rate_ci_high")),
             "n": int(_attr(raw, "n_rollouts", default=len(rollouts))),
+            # the score interval and the level of both (absent from evaluators that do not give them)
+            "score_ci_low": float(_attr(raw, "score_ci_low", default=float("nan"))),
+            "score_ci_high": float(_attr(raw, "score_ci_high", default=float("nan"))),
+            "confidence": float(_attr(raw, "confidence", default=float("nan"))),
         }
 
     row = {
@@ -208,9 +213,12 @@ def run_trial(
         "total_demos": point["total_demos"],
         "seed": point["seed"],
         "score": score,
+        "score_ci_low": summary["score_ci_low"],
+        "score_ci_high": summary["score_ci_high"],
         "success_rate": summary["success_rate"],
         "success_ci_low": summary["ci_low"],
         "success_ci_high": summary["ci_high"],
+        "confidence": summary["confidence"],
         "n_rollouts": summary["n"],
         "env_ids": list(point["env_ids"]),
         "object_ids": list(point["object_ids"]),

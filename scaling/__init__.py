@@ -22,6 +22,8 @@ _LAZY: dict[str, str] = {
     "compare_laws": "demoscale.scaling.fits",
     "fit_law": "demoscale.scaling.fits",
     "BudgetRecommendation": "demoscale.scaling.budget",
+    "LawCandidate": "demoscale.scaling.budget",
+    "Plan": "demoscale.scaling.budget",
     "recommend_budget": "demoscale.scaling.budget",
     "plot_laws": "demoscale.scaling.plots",
 }

@@ -15,6 +15,7 @@ from typing import Any
 
 import numpy as np
 import pandas as pd
+from demoscale import DEFAULT_CONFIDENCE
 from demoscale.scaling.bootstrap import bootstrap_interval, resample_scores, resolve_mode
 from demoscale.scaling.models import JOINT, SATURATING, LawModel, batched_robust_lm, robust_cost
 from demoscale.scaling.names import METHODS
@@ -475,7 +476,7 @@ def fit_law(
     method: str = "loglog",
     rollouts: str | Path | pd.DataFrame | None = None,
     n_bootstrap: int = 1000,
-    confidence: float = 0.9,
+    confidence: float = DEFAULT_CONFIDENCE,
     seed: int = 0,
     bootstrap: str = "auto",
     where: dict[str, float] | None = None,
@@ -508,7 +509,7 @@ def fit_law(
     if n_distinct < needed:
         raise ResultsError(
             f"{results.source}: {method} fit over {axis} needs at least {needed} distinct values, "
-            f"found {n_distinct} ({sorted(np.unique(x))})"
+            f"found {n_distinct} ({', '.join(f'{v:g}' for v in np.unique(x))})"
         )
     keys = _design_keys(x, d)
     n_design = int(keys.max()) + 1

@@ -11,6 +11,7 @@ matplotlib.use("Agg")  # files only, never a display
 import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
 import pandas as pd  # noqa: E402
+from demoscale import DEFAULT_CONFIDENCE  # noqa: E402
 from demoscale.scaling.fits import LawFit, fit_law  # noqa: E402
 from demoscale.scaling.table import (  # noqa: E402
     AXIS_LABELS,
@@ -81,6 +82,7 @@ def _draw_panel(ax: plt.Axes, axis: str, fits: list[LawFit], extrapolate: float,
         label = f"{style['label']}: {fit.equation_text(2)}"
         if fit.r is not None:
             label += f" (r = {fit.r:.2f})"
+        label += f"; {confidence:.0%} band"
         ax.plot(
             grid,
             np.maximum(1 - prediction.score, 1e-4),
@@ -147,7 +149,7 @@ def plot_laws(
     methods: tuple[str, ...] = ("loglog", "saturating"),
     rollouts: str | Path | pd.DataFrame | None = None,
     n_bootstrap: int = 1000,
-    confidence: float = 0.9,
+    confidence: float = DEFAULT_CONFIDENCE,
     seed: int = 0,
     extrapolate: float = 4.0,
     name: str = "scaling_laws",

@@ -81,3 +81,32 @@ def run_in_terminal(
 def terminal():
     """:func:`run_in_terminal`, for tests of what commands show in an interactive terminal."""
     return run_in_terminal
+
+
+# The default demo's eight trials as the README reports them ("The demo, and what it shows"): unseen
+# score and success rate per (training environments, seed), 60 rollouts each.
+DEMO_TRIALS = {
+    1: ((0.23, 0.17), (0.17, 0.07)),
+    4: ((0.51, 0.41), (0.38, 0.35)),
+    16: ((0.76, 0.60), (0.63, 0.52)),
+    32: ((0.71, 0.72), (0.62, 0.63)),
+}
+
+
+@pytest.fixture
+def demo_shaped_results(tmp_path: Path) -> Path:
+    """A results.csv shaped like the default demo's sweep output, rebuilt from the README's numbers."""
+    import pandas as pd
+
+    rows = []
+    for n_envs, (scores, success_rates) in DEMO_TRIALS.items():
+        for seed, (score, success_rate) in enumerate(zip(scores, success_rates, strict=True)):
+            rows.append({
+                "trial_id": f"diffusion-e{n_envs}-o1-d6-s{seed}", "policy": "diffusion", "n_envs": n_envs,
+                "n_objects": 1, "n_pairs": n_envs, "demos_per_pair": 6, "total_demos": 6 * n_envs,
+                "seed": seed, "score": score, "success_rate": success_rate, "n_rollouts": 60,
+            })  # fmt: skip
+    folder = tmp_path / "demo_sweep"
+    folder.mkdir()
+    pd.DataFrame(rows).to_csv(folder / "results.csv", index=False)
+    return folder / "results.csv"

@@ -9,7 +9,15 @@ from pathlib import Path
 
 import pandas as pd
 import pytest
-from demoscale.demo import DemoConfig, load_demo_config, sweep_config
+from demoscale import DEFAULT_CONFIDENCE
+from demoscale.demo import (
+    DemoConfig,
+    _fit_and_recommend,
+    _report_markdown,
+    _Stages,
+    load_demo_config,
+    sweep_config,
+)
 
 REPORT_FILES = [
     "report.md",
@@ -40,6 +48,47 @@ def test_quick_and_default_configs_are_consistent() -> None:
     # Rollouts render the camera the demonstrations were recorded with.
     evaluation = sweep_config(default, Path("store.zarr"), Path("sweep"))["eval"]
     assert evaluation["options"]["env_options"]["cameras"] == default.cameras
+
+
+def test_the_demo_states_everything_at_one_confidence_level() -> None:
+    config = load_demo_config()
+    assert config.confidence == DEFAULT_CONFIDENCE
+    evaluation = sweep_config(config, Path("store.zarr"), Path("sweep"))["eval"]
+    assert evaluation["options"]["confidence"] == config.confidence  # rollout intervals too
+
+
+def test_report_decision_is_the_laws_recommend_summary(
+    demo_shaped_results: Path, tmp_path: Path, capsys
+) -> None:
+    """The report's decision is the text `demoscale laws recommend` prints for the same table."""
+    from demoscale.scaling.cli import main as laws_main
+
+    sweep_dir = demo_shaped_results.parent
+    results = pd.read_csv(demo_shaped_results)
+    rollouts = []  # 60 rollouts per trial whose mean is the trial's score
+    for _, row in results.iterrows():
+        total = row["score"] * row["n_rollouts"]
+        scores = [1.0] * int(total) + [total - int(total)] + [0.0] * (int(row["n_rollouts"]) - int(total) - 1)
+        rollouts += [
+            {"trial_id": row["trial_id"], "rollout_index": i, "score": v} for i, v in enumerate(scores)
+        ]
+    pd.DataFrame(rollouts).to_csv(sweep_dir / "rollouts.csv", index=False)
+    for column in ("score_ci_low", "score_ci_high", "success_ci_low", "success_ci_high"):
+        results[column] = results["score"]  # the report prints them; their values do not matter here
+    config = load_demo_config()
+    stages = _Stages(["fit", "plot", "recommend"])
+    fit, plots, decision = _fit_and_recommend(config, sweep_dir, tmp_path / "report", stages)
+    report = _report_markdown(
+        config, False, results, fit, decision, plots, stages.seconds, 1.0, tmp_path / "report"
+    )
+    capsys.readouterr()
+    argv = [str(demo_shaped_results), "--target", f"{config.target:g}", "--cost-env", f"{config.cost_env:g}",
+            "--cost-object", f"{config.cost_object:g}", "--cost-demo", f"{config.cost_demo:g}",
+            "--cost-unit", config.cost_unit, "--confidence", f"{config.confidence:g}"]  # fmt: skip
+    assert laws_main(["recommend", *argv]) == 0
+    assert capsys.readouterr().out.strip() in report
+    assert decision.status == "extrapolation"  # the demo's answer: not "out of reach"
+    assert "score (90% interval)" in report and "success rate (90% interval)" in report
 
 
 def test_demo_config_rejects_too_few_environment_counts() -> None:
@@ -74,7 +123,7 @@ def test_quick_demo_writes_a_complete_report(tmp_path: Path, terminal) -> None:
     fit = json.loads((out / "fit.json").read_text())
     assert fit["n_points"] == len(results)
     recommendation = json.loads((out / "recommendation.json").read_text())
-    assert recommendation["status"] in {"ok", "unreachable", "extrapolation"}
+    assert recommendation["status"] in {"ok", "uncertain", "unreachable", "extrapolation"}
     report = (out / "report.md").read_text()
     assert "Fitted law" in report and "Time per stage" in report
     assert "demoscale demo finished" in output

@@ -4,13 +4,15 @@ from __future__ import annotations
 
 import json
 import math
+from statistics import NormalDist
 
 import numpy as np
 import pandas as pd
 import pytest
+from demoscale import DEFAULT_CONFIDENCE
 from demoscale.eval import evaluate, wilson_interval
 from demoscale.eval.cli import main as eval_main
-from demoscale.eval.rollout import SpecMismatchError
+from demoscale.eval.rollout import SpecMismatchError, mean_interval
 
 
 def _wilson_by_hand(k: int, n: int, z: float = 1.959963984540054) -> tuple[float, float]:
@@ -31,11 +33,39 @@ WILSON_REFERENCE = {
 
 @pytest.mark.parametrize(("k", "n"), sorted(WILSON_REFERENCE))
 def test_wilson_interval_math(k: int, n: int) -> None:
-    low, high = wilson_interval(k, n)
+    low, high = wilson_interval(k, n, confidence=0.95)
     assert (low, high) == pytest.approx(WILSON_REFERENCE[(k, n)], abs=1e-12)
     assert (low, high) == pytest.approx(_wilson_by_hand(k, n), abs=1e-9)
     assert 0 <= low <= k / n <= high <= 1
     assert all(math.isnan(v) for v in wilson_interval(0, 0))
+
+
+def _z(confidence: float) -> float:
+    return NormalDist().inv_cdf(0.5 + confidence / 2)
+
+
+@pytest.mark.parametrize("outcome", [0.0, 1.0, 0.5])
+def test_score_interval_keeps_its_width_when_every_rollout_agrees(outcome: float) -> None:
+    """A t interval collapses to a point for 60 identical scores; the bounded-score interval does not."""
+    low, high = mean_interval([outcome] * 60)
+    assert low < high and low <= outcome <= high
+    assert (low, high) == pytest.approx(
+        _wilson_by_hand(round(60 * outcome), 60, _z(DEFAULT_CONFIDENCE)), abs=1e-12
+    )
+    if outcome == 1.0:
+        assert 0.94 < low < 0.97  # 60 of 60 does not prove a perfect policy
+
+
+def test_score_interval_of_zero_one_scores_is_the_success_interval() -> None:
+    scores = [1.0] * 7 + [0.0] * 13
+    assert mean_interval(scores, 0.95) == pytest.approx(wilson_interval(7, 20, 0.95), abs=1e-12)
+    # Staged scores: the Wilson interval of the summed score, as wide as a Bernoulli mean's (the
+    # largest variance a [0, 1] score with that mean can have), so it never under-states the spread.
+    staged = [0.25, 0.5, 0.75, 1.0, 0.0] * 4
+    low, high = mean_interval(staged, 0.9)
+    assert (low, high) == pytest.approx(_wilson_by_hand(10, 20, _z(0.9)), abs=1e-12)
+    with pytest.raises(ValueError, match=r"\[0, 1\]"):
+        mean_interval([0.5, 1.5])
 
 
 class HoldPolicy:
@@ -81,7 +111,10 @@ def test_evaluate_expert_writes_rollouts_summary_and_videos(tmp_path) -> None:
     summary = json.loads((tmp_path / "summary.json").read_text())
     k, n = int(rollouts["success"].sum()), len(rollouts)
     assert summary["n_rollouts"] == 4 and summary["success_rate"] == pytest.approx(k / n)
-    assert (summary["success_ci_low"], summary["success_ci_high"]) == pytest.approx(_wilson_by_hand(k, n))
+    assert summary["confidence"] == DEFAULT_CONFIDENCE
+    z = _z(summary["confidence"])
+    assert (summary["success_ci_low"], summary["success_ci_high"]) == pytest.approx(_wilson_by_hand(k, n, z))
+    assert summary["score_ci_low"] < summary["score"] <= summary["score_ci_high"]
     assert summary["score"] == pytest.approx(rollouts["score"].mean())
     videos = list((tmp_path / "videos").iterdir())
     assert len(videos) == 1 and videos[0].stat().st_size > 1000

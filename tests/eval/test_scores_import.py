@@ -6,8 +6,9 @@ import json
 
 import pandas as pd
 import pytest
+from demoscale import DEFAULT_CONFIDENCE
 from demoscale.eval.cli import main as eval_main
-from demoscale.eval.rollout import wilson_interval
+from demoscale.eval.rollout import mean_interval, wilson_interval
 from demoscale.eval.scores import RESULT_COLUMNS, ScoreFileError, import_scores
 
 STAGED = """run_id,n_envs,n_objects,demos_per_pair,env_id,object_id,stage_1,stage_2,stage_3,success
@@ -29,6 +30,10 @@ def test_import_round_trip(tmp_path) -> None:
     assert row["n_rollouts"] == 3 and row["success_rate"] == pytest.approx(1 / 3)
     assert row["score"] == pytest.approx((3 + 1 + 2) / 9)
     assert (row["success_ci_low"], row["success_ci_high"]) == pytest.approx(wilson_interval(1, 3))
+    assert row["confidence"] == DEFAULT_CONFIDENCE
+    assert (row["score_ci_low"], row["score_ci_high"]) == pytest.approx(mean_interval([1, 1 / 3, 2 / 3]))
+    # The run at 16 environments scored 1 on its only rollout: an interval, not the point [1, 1].
+    assert on_disk.iloc[1]["score_ci_low"] < 1.0 == on_disk.iloc[1]["score_ci_high"]
     assert row["n_pairs"] == 4 and row["total_demos"] == 200
     assert json.loads(row["env_ids"]) == ["kitchen", "lab", "office"]
     back = pd.read_csv(tmp_path / "out" / "rollouts.csv")
@@ -68,3 +73,13 @@ def test_bad_score_files_name_the_problem(tmp_path, capsys) -> None:
         import_scores(source)
     assert eval_main(["import-scores", str(source), "--out", str(tmp_path / "o")]) == 2
     assert "n_envs" in capsys.readouterr().err
+
+
+def test_import_scores_cli_takes_the_confidence_level(tmp_path, capsys) -> None:
+    source = tmp_path / "scores.csv"
+    source.write_text(STAGED)
+    out = tmp_path / "out"
+    assert eval_main(["import-scores", str(source), "--out", str(out), "--confidence", "0.95"]) == 0
+    row = pd.read_csv(out / "results.csv").iloc[0]
+    assert row["confidence"] == 0.95
+    assert (row["success_ci_low"], row["success_ci_high"]) == pytest.approx(wilson_interval(1, 3, 0.95))

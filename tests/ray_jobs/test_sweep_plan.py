@@ -136,8 +136,8 @@ def test_unreachable_address_fails_fast_naming_it(sweep_files) -> None:
 def _row(trial_id: str, score: float) -> dict:
     return {
         "trial_id": trial_id, "policy": "p", "n_envs": 2, "n_objects": 1, "n_pairs": 2, "demos_per_pair": 3,
-        "total_demos": 6, "seed": 0, "score": score, "success_rate": score, "success_ci_low": 0.1,
-        "success_ci_high": 0.9, "n_rollouts": 2, "env_ids": ["3", "7"], "object_ids": ["11"], "train_steps": 4,
+        "total_demos": 6, "seed": 0, "score": score, "score_ci_low": 0.05, "score_ci_high": 0.95,
+        "success_rate": score, "success_ci_low": 0.1, "success_ci_high": 0.9, "confidence": 0.9, "n_rollouts": 2, "env_ids": ["3", "7"], "object_ids": ["11"], "train_steps": 4,
         "samples_seen": 32, "wall_time_s": 1.5, "attempts": 1, "checkpoint": "c.ckpt",
     }  # fmt: skip
 

@@ -6,6 +6,7 @@ from pathlib import Path
 
 import pytest
 import yaml
+from demoscale import DEFAULT_CONFIDENCE
 from demoscale.ray_jobs import run_sweep
 
 
@@ -64,6 +65,10 @@ def test_sweep_scores_by_rollouts_on_unseen_envs(tmp_path: Path) -> None:
     assert (
         (rows["success_ci_low"] <= rows["success_rate"]) & (rows["success_rate"] <= rows["success_ci_high"])
     ).all()
+    # Both intervals at the one package-wide level, and the score's never a point (2 rollouts).
+    assert (rows["confidence"] == DEFAULT_CONFIDENCE).all()
+    assert ((rows["score_ci_low"] <= rows["score"]) & (rows["score"] <= rows["score_ci_high"])).all()
+    assert (rows["score_ci_low"] < rows["score_ci_high"]).all()
     rollouts = result.rollouts
     assert len(rollouts) == 4 and set(rollouts["trial_id"]) == set(rows.index)
     unseen = {str(i) for i in env_ids("unseen", 2)}

@@ -50,7 +50,13 @@ def test_fit_summary_and_compare_are_readable(results_csv, capsys):
     assert main(argv) == 0
     out = capsys.readouterr().out
     assert "Pearson r (log-log)" in out and "alpha" in out and "Predicted score" in out
-    assert "n_envs for score 0.9:" in out
+    assert "Decision: score >= 0.9" in out and "Plans, as increments over what you have" in out
+    # Over an axis no budget is planned on, the law's own answer with its extrapolation factor.
+    assert (
+        main(["fit", str(results_csv), "--n-bootstrap", "100", "--axis", "n_pairs", "--target-score", "0.9"])
+        == 0
+    )
+    assert "Decision:" in capsys.readouterr().out
     assert main(["compare", str(results_csv), "--n-bootstrap", "100"]) == 0
     out = capsys.readouterr().out
     assert "loglog" in out and "saturating" in out and "aic" in out
@@ -71,6 +77,8 @@ def test_recommend_json(results_csv, capsys):
     } <= set(data)
     if data["status"] == "ok":
         assert data["total_cost"] == pytest.approx(10 * data["n_envs"] + 0.1 * data["total_demos"])
+    assert data["confidence"] == data["law"]["confidence"] == 0.9  # one level, the package default
+    assert {"law_reason", "comparison", "have", "plans", "probability_reachable"} <= set(data)
 
 
 def test_plot_writes_one_file_pair_per_axis(results_csv, tmp_path, capsys):
@@ -126,3 +134,16 @@ def test_imports_without_torch():
     result = subprocess.run([sys.executable, "-c", check], capture_output=True, text=True, timeout=300)
     assert result.returncode == 0, result.stderr
     assert "recommend" in result.stdout
+
+
+def test_recommend_runs_without_torch(results_csv):
+    """A whole `demoscale laws recommend` run (fits, comparison, decision) loads nothing heavy."""
+    check = (
+        "import sys\nfrom demoscale.__main__ import main\n"
+        f"assert main(['laws', 'recommend', {str(results_csv)!r}, '--n-bootstrap', '50']) == 0\n"
+        f"heavy = [m for m in {HEAVY!r} if m in sys.modules]\n"
+        "assert not heavy, ('laws recommend imported', heavy)\n"
+    )
+    result = subprocess.run([sys.executable, "-c", check], capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, result.stderr
+    assert "Decision: score >= 0.9" in result.stdout
