@@ -35,7 +35,12 @@ def _eval_parser() -> argparse.ArgumentParser:
     parser.add_argument("policy", help="checkpoint path, or 'expert' for the task's scripted expert")
     parser.add_argument("--task", required=True, help=f"one of: {', '.join(task_names())}")
     parser.add_argument("--split", default="unseen", choices=["unseen", "train"])
-    parser.add_argument("--envs", type=int, default=10, help="environments (first ids of the split)")
+    parser.add_argument(
+        "--envs",
+        type=int,
+        default=None,
+        help="environments (first ids of the split; default: the task's, 10 for most, 50 for pusht)",
+    )
     parser.add_argument("--objects", type=int, default=1, help="objects per environment")
     parser.add_argument(
         "--pairing",
@@ -116,7 +121,7 @@ def main(argv: list[str]) -> int:
     args = _eval_parser().parse_args(argv)
     from demoscale.eval.ids import IdRangeError
     from demoscale.eval.rollout import SpecMismatchError, evaluate
-    from demoscale.eval.tasks import UnknownTaskError
+    from demoscale.eval.tasks import UnknownTaskError, get_task
 
     if args.policy != "expert" and not os.path.exists(args.policy):
         print(f"demoscale eval: checkpoint {args.policy} does not exist (or pass 'expert')", file=sys.stderr)
@@ -129,11 +134,12 @@ def main(argv: list[str]) -> int:
     if args.cameras:
         env_options["cameras"] = args.cameras
     try:
+        n_envs = args.envs if args.envs is not None else get_task(args.task).eval_envs
         result = evaluate(
             args.policy,
             args.task,
             split=args.split,
-            n_envs=args.envs,
+            n_envs=n_envs,
             n_objects=args.objects,
             episodes=args.episodes,
             pairing=args.pairing,
@@ -156,6 +162,11 @@ def main(argv: list[str]) -> int:
         f"success {s['success_rate']:.3f} [{s['success_ci_low']:.3f}, {s['success_ci_high']:.3f}] "
         f"over {s['n_rollouts']} rollouts ({s['confidence']:.0%} Wilson intervals)"
     )
+    for name in get_task(args.task).metrics:
+        print(
+            f"  mean {name}: {s[f'mean_{name}']:.3f} "
+            f"[{s[f'mean_{name}_ci_low']:.3f}, {s[f'mean_{name}_ci_high']:.3f}]"
+        )
     if args.out:
         print(f"wrote {args.out}/rollouts.csv, summary.json" + (", videos/" if args.videos else ""))
     else:

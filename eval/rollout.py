@@ -80,9 +80,19 @@ def mean_interval(values: Sequence[float], confidence: float = DEFAULT_CONFIDENC
     return wilson_interval(float(values.sum()), len(values), confidence)
 
 
-def summarise(rollouts: pd.DataFrame, confidence: float = DEFAULT_CONFIDENCE) -> dict[str, Any]:
-    """Mean score and success rate over ``rollouts``, each with a Wilson interval at ``confidence``."""
+def summarise(
+    rollouts: pd.DataFrame, confidence: float = DEFAULT_CONFIDENCE, metrics: Sequence[str] = ()
+) -> dict[str, Any]:
+    """Mean score and success rate over ``rollouts``, each with a Wilson interval at ``confidence``;
+    for each task metric column ``m`` in ``metrics`` (values in [0, 1]), ``mean_m`` with
+    ``mean_m_ci_low/high`` (the same interval as the score's)."""
     n = len(rollouts)
+    extra: dict[str, Any] = {}
+    for name in metrics:
+        values = rollouts[name].to_numpy(dtype=float) if n and name in rollouts else np.array([])
+        low, high = mean_interval(values, confidence)
+        extra[f"mean_{name}"] = float(values.mean()) if len(values) else float("nan")
+        extra[f"mean_{name}_ci_low"], extra[f"mean_{name}_ci_high"] = low, high
     successes = int(rollouts["success"].sum()) if n else 0
     score_low, score_high = mean_interval(rollouts["score"].to_numpy() if n else [], confidence)
     success_low, success_high = wilson_interval(successes, n, confidence)
@@ -95,6 +105,7 @@ def summarise(rollouts: pd.DataFrame, confidence: float = DEFAULT_CONFIDENCE) ->
         "success_rate": successes / n if n else float("nan"),
         "success_ci_low": success_low,
         "success_ci_high": success_high,
+        **extra,
         "confidence": confidence,
     }
 
@@ -242,6 +253,12 @@ def _write_video(path: Path, frames: Sequence[np.ndarray], fps: float) -> Path:
     return gif
 
 
+def _task_metrics(env) -> dict[str, float]:
+    """The environment's own per-rollout measures (``SimEnv.metrics``), if it has any."""
+    metrics = getattr(env, "metrics", None)
+    return dict(metrics()) if callable(metrics) else {}
+
+
 def _run_batch(
     actor,
     definition: TaskDefinition,
@@ -289,6 +306,7 @@ def _run_batch(
                 "score": stage_score / env.n_stages,
                 "success": bool(env.success()),
                 "steps": int(env.steps),
+                **{name: float(value) for name, value in _task_metrics(env).items()},
             }
             if i in frames and video_dir is not None:
                 video_dir.mkdir(parents=True, exist_ok=True)
@@ -451,7 +469,7 @@ def evaluate(
         "n_envs": n_envs,
         "n_objects": n_objects,
         "episodes": episodes,
-        **summarise(rollouts, confidence),
+        **summarise(rollouts, confidence, metrics=definition.metrics),
         "mean_steps": float(rollouts["steps"].mean()),
         "image_size": image_size,
         "seed": seed,

@@ -64,6 +64,10 @@ class SimEnv(Protocol):
     def render(self) -> np.ndarray:
         """An RGB frame for videos (uint8 HxWx3)."""
 
+    # Optional: ``metrics() -> dict[str, float]``, the task's own per-rollout measures beside the
+    # stage score (PushT: the Diffusion Policy paper's max coverage). Each becomes a rollouts.csv
+    # column and a ``mean_<name>`` with its interval in the summary; see TaskDefinition.metrics.
+
     def close(self) -> None:
         """Release renderers and other resources."""
 
@@ -84,7 +88,10 @@ class TaskDefinition:
       family's raw source format (UMI zip for tabletop, JoyLo HDF5 for whole-body);
     - ``observation_features``: store key -> shape (for ``image_size``-dependent keys use the
       ``image_keys`` set; their shape is ``(image_size, image_size, 3)``);
-    - ``action_dim`` and ``max_steps`` (episode limit at ``rate_hz``).
+    - ``action_dim`` and ``max_steps`` (episode limit at ``rate_hz``);
+    - ``metrics``: names of the per-rollout measures its environments return from ``metrics()``
+      (values in [0, 1]), reported beside the stage score;
+    - ``eval_envs``: how many environments ``demoscale eval`` rolls out by default (one rollout each).
     """
 
     name: str
@@ -98,6 +105,8 @@ class TaskDefinition:
     n_stages: int
     rate_hz: float = 10.0
     description: str = ""
+    metrics: tuple[str, ...] = ()
+    eval_envs: int = 10
     extras: Mapping[str, Any] = field(default_factory=dict)
 
     def observation_shapes(self, image_size: int) -> dict[str, tuple[int, ...]]:

@@ -5,7 +5,6 @@ from __future__ import annotations
 import gc
 import sys
 import time
-from collections.abc import Callable
 from typing import Any
 
 import lightning as L
@@ -107,15 +106,15 @@ class TrainingProgress(L.Callback):
 
     Lightning's progress bar counts batches of an epoch; a step-budgeted run (``max_steps``) wants
     the steps left and the time to the end, also in logs and pipes where a bar does not draw.
-    ``sink`` receives a dict (``step``, ``max_steps``, ``loss``, ``samples_per_s``, ``elapsed_s``,
-    ``eta_s``, ``done``); the default prints :func:`format_progress` to stderr. ``every_s <= 0``
-    turns it off. Only rank 0 reports.
+    :meth:`report` receives a dict (``step``, ``max_steps``, ``loss``, ``samples_per_s``,
+    ``elapsed_s``, ``eta_s``, ``done``) and prints :func:`format_progress` to stderr; a subclass
+    sends it elsewhere (a sweep trial sends it to the sweep's display). ``every_s <= 0`` turns it
+    off. Only rank 0 reports.
     """
 
-    def __init__(self, every_s: float = 30.0, sink: Callable[[dict[str, Any]], None] | None = None):
+    def __init__(self, every_s: float = 30.0):
         super().__init__()
         self.every_s = every_s
-        self.sink = sink
         self._started = 0.0
         self._last = 0.0
         self._first_step = 0
@@ -163,11 +162,10 @@ class TrainingProgress(L.Callback):
     def _emit(self, trainer: L.Trainer, done: bool) -> None:
         if trainer.global_rank != 0:
             return
-        progress = self.snapshot(trainer, done)
-        if self.sink is not None:
-            self.sink(progress)
-        else:
-            print(f"train: {format_progress(progress)}", file=sys.stderr, flush=True)
+        self.report(self.snapshot(trainer, done))
+
+    def report(self, progress: dict[str, Any]) -> None:
+        print(f"train: {format_progress(progress)}", file=sys.stderr, flush=True)
 
 
 class ScheduledGC(L.Callback):

@@ -146,7 +146,11 @@ def run_trial(
         if progress is not None:
             from demoscale.policies.callbacks import TrainingProgress
 
-            train_kwargs["callbacks"] = [TrainingProgress(every_s=PROGRESS_EVERY_S, sink=progress)]
+            class ProgressToSweep(TrainingProgress):
+                def report(self, snapshot: dict[str, Any]) -> None:
+                    progress(snapshot)
+
+            train_kwargs["callbacks"] = [ProgressToSweep(every_s=PROGRESS_EVERY_S)]
     try:
         trained = train_fn(config.resolve(policy.config), overrides=overrides, **train_kwargs)
     except SystemExit as err:  # the Lightning CLI exits on bad arguments; fail the trial, not the worker
