@@ -113,6 +113,7 @@ class PushTEnv:
         image_size: int = 96,
         replay_path: str | os.PathLike | None = None,
         max_steps: int = MAX_STEPS,
+        images: bool = True,
     ) -> None:
         os.environ.setdefault("SDL_VIDEODRIVER", "dummy")
         import gym_pusht.envs.pusht as pusht_module
@@ -121,6 +122,7 @@ class PushTEnv:
         self.object_id = check_id(object_id, "object id")
         self.max_steps = int(max_steps)
         self.image_size = int(image_size)
+        self.images = bool(images)
         self._gym = pusht_module.PushTEnv(
             obs_type="state",
             render_mode="rgb_array",
@@ -175,8 +177,11 @@ class PushTEnv:
         return self.observe()
 
     def observe(self) -> dict[str, np.ndarray]:
-        """``img`` (uint8 HxWx3) and ``state`` (float32, 5) as in the replay buffer."""
+        """``img`` (uint8 HxWx3; unless made with ``images=False``) and ``state`` (float32, 5) as in
+        the replay buffer."""
         state = np.asarray(self._gym.get_obs(), np.float32)  # obs_type "state": the recorded layout
+        if not self.images:  # drawing the frame is most of a step's cost; state policies skip it
+            return {"state": state}
         return {"img": np.ascontiguousarray(self._gym._render(), np.uint8), "state": state}
 
     def step(self, action: np.ndarray) -> dict[str, np.ndarray]:
@@ -234,10 +239,10 @@ class PushTEnv:
 
 
 def make_pusht_env(env_id: int, object_id: int = 0, image_size: int = 96, **options) -> PushTEnv:
-    """A PushT environment; ``options``: ``replay_path``, ``max_steps``."""
-    unknown = set(options) - {"replay_path", "max_steps"}
+    """A PushT environment; ``options``: ``replay_path``, ``max_steps``, ``images``."""
+    unknown = set(options) - {"replay_path", "max_steps", "images"}
     if unknown:
-        raise TypeError(f"unknown pusht options {sorted(unknown)}; expected replay_path, max_steps")
+        raise TypeError(f"unknown pusht options {sorted(unknown)}; expected replay_path, max_steps, images")
     return PushTEnv(env_id, object_id, image_size=image_size, **options)
 
 
@@ -260,6 +265,7 @@ PUSHT = TaskDefinition(
     n_stages=len(STAGE_COVERAGES),
     description="push the T block onto the green goal (gym-pusht; success = coverage >= 95%)",
     metrics=("max_coverage", "raw_max_coverage"),
+    images_optional=True,
     # 50 initial states from the unseen range, one rollout each, as the literature evaluates PushT.
     eval_envs=50,
     extras={"source_format": "replay_buffer", "success_coverage": SUCCESS_COVERAGE},

@@ -407,6 +407,12 @@ def evaluate(
     if image_size is None:
         image_size = (policy_image_size(actor.policy) if isinstance(actor, _PolicyActor) else None) or 96
     env_options = dict(env_options or {})
+    if (
+        definition.images_optional
+        and isinstance(actor, _PolicyActor)
+        and not set(actor.obs_offsets) & set(definition.image_keys)
+    ):
+        env_options.setdefault("images", False)
     max_steps = int(max_steps or definition.max_steps)
     # Check the spec on one environment before anything long runs.
     probe = definition.make_env(envs[0], objects[0], image_size=image_size, **env_options)

@@ -91,7 +91,9 @@ class TaskDefinition:
     - ``action_dim`` and ``max_steps`` (episode limit at ``rate_hz``);
     - ``metrics``: names of the per-rollout measures its environments return from ``metrics()``
       (values in [0, 1]), reported beside the stage score;
-    - ``eval_envs``: how many environments ``demoscale eval`` rolls out by default (one rollout each).
+    - ``eval_envs``: how many environments ``demoscale eval`` rolls out by default (one rollout each);
+    - ``images_optional``: its ``make_env`` takes ``images=False`` to skip rendering the image
+      observations (evaluation does so for a policy that observes none of ``image_keys``).
     """
 
     name: str
@@ -107,6 +109,7 @@ class TaskDefinition:
     description: str = ""
     metrics: tuple[str, ...] = ()
     eval_envs: int = 10
+    images_optional: bool = False
     extras: Mapping[str, Any] = field(default_factory=dict)
 
     def observation_shapes(self, image_size: int) -> dict[str, tuple[int, ...]]:
