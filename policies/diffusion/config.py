@@ -26,6 +26,9 @@ class DiffusionConfig:
             of relative actions; default ``robot{i}_eef_pos`` / ``robot{i}_eef_rot_axis_angle``.
         relative_obs: with relative actions, encode the observed pose history relative to the
             current pose (pos + 6-D rotation) instead of absolute poses.
+        angle_obs: low-dim observation entries that are angles in radians (key -> indices into the
+            flattened feature, e.g. ``{"state": [4]}`` for PushT's block angle); each is fed to the
+            encoder as (cos, sin) after the key's other entries, so a wrap from 2 pi to 0 is no jump.
         obs_norm_mode: normalisation of low-dim observations (``min_max`` to [-1, 1] or ``mean_std``).
         action_norm_mode: normalisation of actions (``min_max`` or ``mean_std``).
         relative_stats_max_frames: frames sampled from the store to compute statistics of relative
@@ -54,6 +57,7 @@ class DiffusionConfig:
     action_representation: Literal["absolute", "relative"] = "absolute"
     pose_keys: list[list[str]] | None = None
     relative_obs: bool = True
+    angle_obs: dict[str, list[int]] = field(default_factory=dict)
     obs_norm_mode: Literal["min_max", "mean_std"] = "min_max"
     action_norm_mode: Literal["min_max", "mean_std"] = "min_max"
     relative_stats_max_frames: int = 20000
@@ -100,5 +104,10 @@ class DiffusionConfig:
             raise ValueError(
                 f"num_inference_steps {self.num_inference_steps} exceeds num_train_timesteps {self.num_train_timesteps}"
             )
+        for key, indices in self.angle_obs.items():
+            if key not in self.obs_offsets:
+                raise ValueError(f"angle_obs names {key!r}, which the policy does not observe")
+            if len(set(indices)) != len(indices) or any(i < 0 for i in indices):
+                raise ValueError(f"angle_obs[{key!r}] = {indices}: indices must be distinct and >= 0")
         if not 0.0 < self.image.crop_fraction <= 1.0:
             raise ValueError(f"image.crop_fraction {self.image.crop_fraction} must be in (0, 1]")

@@ -88,6 +88,11 @@ class DiffusionPolicy(nn.Module):
         )
         self.obs_keys = list(config.obs_offsets)
         self.low_dim_keys = [key for key in self.obs_keys if self.features[key]["kind"] == "low_dim"]
+        for key, indices in config.angle_obs.items():
+            size = _size(self.features[key]["shape"])
+            if self.features[key]["kind"] != "low_dim" or max(indices, default=-1) >= size:
+                raise ValueError(f"angle_obs[{key!r}] = {indices} does not index the low-dim feature {key!r}")
+            low_dim_shapes[key] = size + len(indices)  # each angle becomes (cos, sin)
         shapes: dict[str, list[int]] = {
             key: [low_dim_shapes.get(key, _size(self.features[key]["shape"]))] for key in self.low_dim_keys
         }
@@ -122,6 +127,8 @@ class DiffusionPolicy(nn.Module):
     def transform_obs(self, obs: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]:
         """Raw observation windows -> the (un-normalised) values the encoder sees."""
         out = dict(obs)
+        for key, indices in self.config.angle_obs.items():
+            out[key] = angles_as_cos_sin(obs[key].float().flatten(2), indices)
         if self.relative and self.config.relative_obs:
             for pos_key, rot_key in self.pose_keys:
                 if self._current_index(pos_key) != self._current_index(rot_key):
@@ -225,6 +232,14 @@ class DiffusionPolicy(nn.Module):
         return self.action_from_model(sample, obs)
 
 
+def angles_as_cos_sin(values: torch.Tensor, indices: Sequence[int]) -> torch.Tensor:
+    """(..., D) -> (..., D + len(indices)): the entries not in ``indices``, then cos and sin of each
+    entry in ``indices`` (angles in radians)."""
+    keep = [i for i in range(values.shape[-1]) if i not in set(indices)]
+    angles = values[..., list(indices)]
+    return torch.cat([values[..., keep], torch.cos(angles), torch.sin(angles)], dim=-1)
+
+
 def make_denoiser(config: DiffusionConfig, action_dim: int, cond_dim: int) -> torch.nn.Module:
     """The noise/sample predictor the config names (``unet`` or ``mlp``)."""
     if config.denoiser == "mlp":
@@ -288,6 +303,14 @@ def policy_statistics(
     for key in config.obs_offsets:
         if features[key]["kind"] == "low_dim":
             stats[key] = _float_stats(store.stats(key))
+    for key, indices in config.angle_obs.items():
+        # The other entries keep their statistics; cos and sin have the fixed range [-1, 1].
+        keep = [i for i in range(len(stats[key]["min"])) if i not in set(indices)]
+        unit = {"min": -1.0, "max": 1.0, "mean": 0.0, "std": 1.0}
+        stats[key] = {
+            name: np.concatenate([values[keep], np.full(2 * len(indices), unit[name], np.float32)])
+            for name, values in stats[key].items()
+        }
     per_key = [_float_stats(store.stats(key)) for key in config.action_keys]
     stats[ACTION] = {
         name: np.concatenate([s[name].reshape(-1) for s in per_key]) for name in ("min", "max", "mean", "std")

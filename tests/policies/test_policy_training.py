@@ -212,3 +212,31 @@ def test_print_config_runs_from_the_command_line(tabletop_store):
     assert "DiffusionPolicyModule" in out.stdout
     assert "action_representation: absolute" in out.stdout and "pooling: spatial_softmax" in out.stdout
     assert "every_n_train_steps: 500" in out.stdout
+
+
+def test_angle_observations_are_fed_as_cos_sin_so_a_wrap_is_no_jump(tabletop_store):
+    """PushT's block angle wraps from 2 pi to 0: the same pose must look the same to the policy."""
+    from demoscale.policies import DiffusionConfig, DiffusionPolicy
+    from demoscale.policies.diffusion.model import policy_statistics
+
+    store = EpisodeStore.open(tabletop_store)
+    config = DiffusionConfig(
+        obs_offsets={"robot0_eef_rot_axis_angle": [0]},
+        horizon=4,
+        n_action_steps=2,
+        down_dims=[8, 16],
+        angle_obs={"robot0_eef_rot_axis_angle": [2]},
+    )
+    policy = DiffusionPolicy(config, store.features, policy_statistics(store, config))
+    near_zero = torch.tensor([[[0.1, -0.2, 1e-4]]])
+    near_two_pi = torch.tensor([[[0.1, -0.2, 2 * np.pi - 1e-4]]])
+    encode = policy.normalize_obs
+    a = encode({"robot0_eef_rot_axis_angle": near_zero})["robot0_eef_rot_axis_angle"]
+    b = encode({"robot0_eef_rot_axis_angle": near_two_pi})["robot0_eef_rot_axis_angle"]
+    assert a.shape[-1] == 4  # two kept entries, then cos and sin
+    assert torch.allclose(a, b, atol=1e-3)
+    plain_config = DiffusionConfig(**{**config.__dict__, "angle_obs": {}})
+    plain = DiffusionPolicy(plain_config, store.features, policy_statistics(store, plain_config))
+    a_plain = plain.normalize_obs({"robot0_eef_rot_axis_angle": near_zero})["robot0_eef_rot_axis_angle"]
+    b_plain = plain.normalize_obs({"robot0_eef_rot_axis_angle": near_two_pi})["robot0_eef_rot_axis_angle"]
+    assert (a_plain - b_plain).abs().max() > 0.5  # without it, the same pose jumps across the range
