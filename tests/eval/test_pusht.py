@@ -146,3 +146,53 @@ def test_eval_command_replays_the_human_demo_from_the_replay_buffer(replay: Repl
     assert code == 0
     summary = json.loads((tmp_path / "summary.json").read_text())
     assert summary["n_rollouts"] == 1 and summary["score"] >= 0.75
+
+
+def _recorded_max_coverage(replay: ReplayEpisodes, episode: int, n_steps: int) -> float:
+    """The best coverage the recorded human episode reached in its first ``n_steps`` steps, from the
+    recorded states (state k is observed before action k, so steps 1..n_steps end in states 1..n)."""
+    env = get_task("pusht").make_env(0, 0, images=False)
+    env.reset(0)
+    start, stop = replay.bounds(episode)
+    coverage = []
+    for frame in range(start, min(stop, start + n_steps + 1)):
+        env.set_state(replay.state[frame])
+        coverage.append(float(env._gym._get_coverage()))
+    env.close()
+    return max(coverage)
+
+
+@pytest.mark.slow  # imports torch through the rollout loop
+def test_replayed_human_demos_score_the_coverage_they_reached(replay: ReplayEpisodes) -> None:
+    """The literature's metrics on recorded episodes: replaying a human demo through the rollout
+    loop reports the max coverage that episode reached in the same steps (min(coverage / 0.95, 1)
+    for the paper's measure), and success exactly when that coverage reached 95%."""
+    from demoscale.eval import evaluate
+
+    episodes = list(range(12))
+    n_steps = min(len(replay.actions(e)) for e in episodes) - 1
+    result = evaluate(
+        "expert",
+        "pusht",
+        split="train",
+        n_envs=len(episodes),
+        video_episodes=0,
+        env_options={"replay_path": str(replay.path)},
+        max_steps=n_steps,
+        progress=False,
+    )
+    rollouts = result.rollouts.set_index("env_id")
+    recorded = {e: _recorded_max_coverage(replay, e, n_steps) for e in episodes}
+    for episode in episodes:
+        row = rollouts.loc[episode]
+        # Replayed actions retrace the recorded states (to float precision, measured: < 1e-6).
+        assert row["raw_max_coverage"] == pytest.approx(recorded[episode], abs=1e-4), episode
+        assert row["max_coverage"] == pytest.approx(min(row["raw_max_coverage"] / SUCCESS_COVERAGE, 1.0))
+        assert bool(row["success"]) == (row["raw_max_coverage"] >= SUCCESS_COVERAGE)
+    summary = result.summary
+    assert summary["mean_max_coverage"] == pytest.approx(rollouts["max_coverage"].mean())
+    assert (
+        summary["mean_max_coverage_ci_low"]
+        <= summary["mean_max_coverage"]
+        <= summary["mean_max_coverage_ci_high"]
+    )
