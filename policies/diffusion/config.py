@@ -26,6 +26,9 @@ class DiffusionConfig:
             of relative actions; default ``robot{i}_eef_pos`` / ``robot{i}_eef_rot_axis_angle``.
         relative_obs: with relative actions, encode the observed pose history relative to the
             current pose (pos + 6-D rotation) instead of absolute poses.
+        obs_indices: the entries of a low-dim observation the policy sees (key -> indices into the
+            flattened feature; default: all), e.g. ``{"state": [0, 1]}`` for PushT's agent position
+            alone beside an image.
         angle_obs: low-dim observation entries that are angles in radians (key -> indices into the
             flattened feature, e.g. ``{"state": [4]}`` for PushT's block angle); each is fed to the
             encoder as (cos, sin) after the key's other entries, so a wrap from 2 pi to 0 is no jump.
@@ -57,6 +60,7 @@ class DiffusionConfig:
     action_representation: Literal["absolute", "relative"] = "absolute"
     pose_keys: list[list[str]] | None = None
     relative_obs: bool = True
+    obs_indices: dict[str, list[int]] = field(default_factory=dict)
     angle_obs: dict[str, list[int]] = field(default_factory=dict)
     obs_norm_mode: Literal["min_max", "mean_std"] = "min_max"
     action_norm_mode: Literal["min_max", "mean_std"] = "min_max"
@@ -104,10 +108,16 @@ class DiffusionConfig:
             raise ValueError(
                 f"num_inference_steps {self.num_inference_steps} exceeds num_train_timesteps {self.num_train_timesteps}"
             )
+        for name, table in (("obs_indices", self.obs_indices), ("angle_obs", self.angle_obs)):
+            for key, indices in table.items():
+                if key not in self.obs_offsets:
+                    raise ValueError(f"{name} names {key!r}, which the policy does not observe")
+                if not indices or len(set(indices)) != len(indices) or any(i < 0 for i in indices):
+                    raise ValueError(
+                        f"{name}[{key!r}] = {indices}: indices must be distinct, >= 0, not empty"
+                    )
         for key, indices in self.angle_obs.items():
-            if key not in self.obs_offsets:
-                raise ValueError(f"angle_obs names {key!r}, which the policy does not observe")
-            if len(set(indices)) != len(indices) or any(i < 0 for i in indices):
-                raise ValueError(f"angle_obs[{key!r}] = {indices}: indices must be distinct and >= 0")
+            if key in self.obs_indices and not set(indices) <= set(self.obs_indices[key]):
+                raise ValueError(f"angle_obs[{key!r}] = {indices} names entries outside obs_indices[{key!r}]")
         if not 0.0 < self.image.crop_fraction <= 1.0:
             raise ValueError(f"image.crop_fraction {self.image.crop_fraction} must be in (0, 1]")

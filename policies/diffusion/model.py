@@ -88,11 +88,19 @@ class DiffusionPolicy(nn.Module):
         )
         self.obs_keys = list(config.obs_offsets)
         self.low_dim_keys = [key for key in self.obs_keys if self.features[key]["kind"] == "low_dim"]
-        for key, indices in config.angle_obs.items():
+        # key -> (entries seen as they are, angle entries seen as cos and sin)
+        self.low_dim_views: dict[str, tuple[list[int], list[int]]] = {}
+        for key in {*config.obs_indices, *config.angle_obs}:
             size = _size(self.features[key]["shape"])
-            if self.features[key]["kind"] != "low_dim" or max(indices, default=-1) >= size:
-                raise ValueError(f"angle_obs[{key!r}] = {indices} does not index the low-dim feature {key!r}")
-            low_dim_shapes[key] = size + len(indices)  # each angle becomes (cos, sin)
+            indices = [*config.obs_indices.get(key, []), *config.angle_obs.get(key, [])]
+            if self.features[key]["kind"] != "low_dim" or max(indices) >= size:
+                raise ValueError(f"obs_indices/angle_obs of {key!r} do not index the low-dim feature {key!r}")
+            layout = low_dim_view_layout(config, key, size)
+            low_dim_shapes[key] = len(layout)
+            self.low_dim_views[key] = (
+                [i for i, kind in layout if kind == "value"],
+                [i for i, kind in layout if kind == "cos"],
+            )
         shapes: dict[str, list[int]] = {
             key: [low_dim_shapes.get(key, _size(self.features[key]["shape"]))] for key in self.low_dim_keys
         }
@@ -127,8 +135,8 @@ class DiffusionPolicy(nn.Module):
     def transform_obs(self, obs: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]:
         """Raw observation windows -> the (un-normalised) values the encoder sees."""
         out = dict(obs)
-        for key, indices in self.config.angle_obs.items():
-            out[key] = angles_as_cos_sin(obs[key].float().flatten(2), indices)
+        for key, (kept, angles) in self.low_dim_views.items():
+            out[key] = low_dim_view(obs[key].float().flatten(2), kept, angles)
         if self.relative and self.config.relative_obs:
             for pos_key, rot_key in self.pose_keys:
                 if self._current_index(pos_key) != self._current_index(rot_key):
@@ -232,12 +240,21 @@ class DiffusionPolicy(nn.Module):
         return self.action_from_model(sample, obs)
 
 
-def angles_as_cos_sin(values: torch.Tensor, indices: Sequence[int]) -> torch.Tensor:
-    """(..., D) -> (..., D + len(indices)): the entries not in ``indices``, then cos and sin of each
-    entry in ``indices`` (angles in radians)."""
-    keep = [i for i in range(values.shape[-1]) if i not in set(indices)]
-    angles = values[..., list(indices)]
-    return torch.cat([values[..., keep], torch.cos(angles), torch.sin(angles)], dim=-1)
+def low_dim_view_layout(config: DiffusionConfig, key: str, size: int) -> list[tuple[int, str]]:
+    """What the encoder sees of low-dim ``key``: (source index, ``value``/``cos``/``sin``) per entry:
+    the selected entries (``obs_indices``, default all) that are not angles, then cos and sin of
+    each angle (``angle_obs``)."""
+    angles = list(config.angle_obs.get(key, []))
+    selected = config.obs_indices.get(key, range(size))
+    kept = [i for i in selected if i not in set(angles)]
+    return [(i, "value") for i in kept] + [(i, "cos") for i in angles] + [(i, "sin") for i in angles]
+
+
+def low_dim_view(values: torch.Tensor, kept: Sequence[int], angles: Sequence[int]) -> torch.Tensor:
+    """(..., D) -> (..., len(kept) + 2 len(angles)): entries ``kept`` as they are, then cos and sin of
+    the ``angles`` entries (radians)."""
+    angle_values = values[..., list(angles)]
+    return torch.cat([values[..., list(kept)], torch.cos(angle_values), torch.sin(angle_values)], dim=-1)
 
 
 def make_denoiser(config: DiffusionConfig, action_dim: int, cond_dim: int) -> torch.nn.Module:
@@ -303,12 +320,12 @@ def policy_statistics(
     for key in config.obs_offsets:
         if features[key]["kind"] == "low_dim":
             stats[key] = _float_stats(store.stats(key))
-    for key, indices in config.angle_obs.items():
-        # The other entries keep their statistics; cos and sin have the fixed range [-1, 1].
-        keep = [i for i in range(len(stats[key]["min"])) if i not in set(indices)]
-        unit = {"min": -1.0, "max": 1.0, "mean": 0.0, "std": 1.0}
+    unit = {"min": -1.0, "max": 1.0, "mean": 0.0, "std": 1.0}
+    for key in {*config.obs_indices, *config.angle_obs}:
+        # Selected entries keep their statistics; cos and sin have the fixed range [-1, 1].
+        layout = low_dim_view_layout(config, key, len(stats[key]["min"]))
         stats[key] = {
-            name: np.concatenate([values[keep], np.full(2 * len(indices), unit[name], np.float32)])
+            name: np.asarray([values[i] if kind == "value" else unit[name] for i, kind in layout], np.float32)
             for name, values in stats[key].items()
         }
     per_key = [_float_stats(store.stats(key)) for key in config.action_keys]

@@ -240,3 +240,31 @@ def test_angle_observations_are_fed_as_cos_sin_so_a_wrap_is_no_jump(tabletop_sto
     a_plain = plain.normalize_obs({"robot0_eef_rot_axis_angle": near_zero})["robot0_eef_rot_axis_angle"]
     b_plain = plain.normalize_obs({"robot0_eef_rot_axis_angle": near_two_pi})["robot0_eef_rot_axis_angle"]
     assert (a_plain - b_plain).abs().max() > 0.5  # without it, the same pose jumps across the range
+
+
+def test_obs_indices_select_entries_of_a_low_dim_observation(tabletop_store):
+    """PushT's image policy sees the agent position (state[:2]) only, not the block's pose."""
+    from demoscale.policies import DiffusionConfig, DiffusionPolicy
+    from demoscale.policies.diffusion.model import policy_statistics
+
+    store = EpisodeStore.open(tabletop_store)
+    config = DiffusionConfig(
+        obs_offsets={"robot0_eef_rot_axis_angle": [-1, 0]},
+        horizon=4,
+        n_action_steps=2,
+        down_dims=[8, 16],
+        obs_indices={"robot0_eef_rot_axis_angle": [0, 2]},
+        angle_obs={"robot0_eef_rot_axis_angle": [2]},
+    )
+    stats = policy_statistics(store, config)
+    full = store.stats("robot0_eef_rot_axis_angle")
+    assert stats["robot0_eef_rot_axis_angle"]["min"].tolist() == [np.float32(full["min"][0]), -1.0, -1.0]
+    policy = DiffusionPolicy(config, store.features, stats)
+    obs = torch.tensor([[[0.3, 5.0, 0.0], [0.3, -5.0, np.pi / 2]]])
+    seen = policy.transform_obs({"robot0_eef_rot_axis_angle": obs})["robot0_eef_rot_axis_angle"]
+    expected = torch.tensor([[[0.3, 1.0, 0.0], [0.3, 0.0, 1.0]]])
+    assert torch.allclose(seen, expected, atol=1e-6)  # entry 1 is not seen at all
+    with pytest.raises(ValueError, match="outside obs_indices"):
+        DiffusionConfig(
+            obs_offsets={"state": [0]}, obs_indices={"state": [0, 1]}, angle_obs={"state": [4]}
+        ).validate()
