@@ -63,6 +63,17 @@ def _holder(path: Path) -> str:
     return text or "another process"
 
 
+def _acquired_at_once(lock) -> bool:
+    """Take the lock if it is free now; False (without waiting) if another process holds it."""
+    from filelock import Timeout
+
+    try:
+        lock.acquire(timeout=0)
+    except Timeout:
+        return False
+    return True
+
+
 def _file_lock(path: Path):
     from filelock import FileLock
 
@@ -81,7 +92,7 @@ def writer_lock(
     logging once who holds the lock; raises :class:`StoreLockTimeout` when the wait runs out.
     Does nothing for remote fsspec URLs (no lock is possible there).
     """
-    from demoscale.datasets.store import StoreLockTimeout
+    from demoscale.datasets.store import StoreError, StoreLockTimeout
     from filelock import Timeout
 
     path = lock_path(location)
@@ -89,11 +100,15 @@ def writer_lock(
         yield
         return
     timeout = DEFAULT_LOCK_TIMEOUT_S if timeout is None else float(timeout)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    lock = _file_lock(path)
     try:
-        lock.acquire(timeout=0)
-    except Timeout:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        lock = _file_lock(path)
+        free = _acquired_at_once(lock)
+    except OSError as error:  # a folder we may not write to, a file system without locks, ...
+        raise StoreError(
+            f"{os.fspath(location)}: cannot take the writer lock ({path}): {error.strerror or error}"
+        ) from None
+    if not free:
         holder = _holder(path)
         if timeout <= 0:
             raise StoreLockTimeout(
@@ -126,7 +141,6 @@ def try_writer_lock(location: str | os.PathLike[str]) -> Iterator[bool]:
 
     For optional writes a reader makes (statistics caches): skipped while a writer is busy.
     """
-    from filelock import Timeout
 
     path = lock_path(location)
     if path is None:
@@ -135,8 +149,10 @@ def try_writer_lock(location: str | os.PathLike[str]) -> Iterator[bool]:
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
         lock = _file_lock(path)
-        lock.acquire(timeout=0)
-    except (Timeout, OSError):
+        free = _acquired_at_once(lock)
+    except OSError:
+        free = False
+    if not free:
         yield False
         return
     try:
