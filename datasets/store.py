@@ -560,9 +560,13 @@ class EpisodeStore:
         try:
             return np.asarray(array[:stop] if stop is not None else array[:])
         except Exception as error:
+            hint = (
+                "its chunk files under meta/episode_ends/c/ are damaged: the committed episodes are unknown"
+                if path == "meta/episode_ends"
+                else "a damaged chunk? `demoscale store validate` names the file"
+            )
             raise StoreError(
-                f"{self.location}: {path} cannot be read (damaged chunk? `demoscale store validate` "
-                f"says more): {type(error).__name__}: {error}"
+                f"{self.location}: {path} cannot be read ({hint}): {type(error).__name__}: {error}"
             ) from None
 
     def _read_ends(self) -> np.ndarray:
@@ -1284,6 +1288,7 @@ class EpisodeStore:
                 raise StoreError(
                     f"{loc}: meta/{column} has {self._array(f'meta/{column}').shape[0]} rows for {n} episodes"
                 )
+        check_chunk_files(self)  # before reading the columns, so that damage is named by its file
         if n == 0:
             return
         frame = self.episodes
@@ -1317,7 +1322,6 @@ class EpisodeStore:
                     f"{loc}: episodes {seen[digest]} and {i} have the same source_sha256 {digest}"
                 )
             seen[digest] = i
-        check_chunk_files(self)
         # Spot-check that the first and last frame of every image key decode to the spec's shape.
         for key, spec in self.features.items():
             if spec.kind == "image":
