@@ -247,7 +247,7 @@ def _alive(pid: int) -> bool:
 def test_killed_ingest_takes_its_workers_with_it(tmp_path, make_umi_episode, umi_zip_fixture) -> None:
     rng = np.random.default_rng(3)
     big = umi_zip_fixture(
-        tmp_path / "big" / "dataset.zarr.zip", [make_umi_episode(rng, 200, size=96) for _ in range(12)]
+        tmp_path / "big" / "dataset.zarr.zip", [make_umi_episode(rng, 120, size=64) for _ in range(8)]
     )
     ingest = _ingest("umi", str(big), "--store", str(tmp_path / "store.zarr"), "--workers", "2", wait=False)
     workers: list[int] = []
