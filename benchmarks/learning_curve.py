@@ -118,7 +118,9 @@ def prepare_store(experiment: Experiment) -> Path:
         collect_sim(experiment.task, out_dir=raw, progress=False, **experiment.collect)
         ingest_umi(raw, store, progress=False)
     else:
-        raise FileNotFoundError(f"{experiment.name}: store {store} is absent and nothing says how to build it")
+        raise FileNotFoundError(
+            f"{experiment.name}: store {store} is absent and nothing says how to build it"
+        )
     return store
 
 
@@ -152,7 +154,9 @@ def train(experiment: Experiment, store: Path, run_dir: Path, resume: bool) -> d
     checkpoints = run_dir / "checkpoints"
     clock_file = run_dir / "train_clock.json"
     done = {int(k): v for k, v in json.loads(clock_file.read_text()).items()} if clock_file.exists() else {}
-    if all(step in done and (checkpoints / f"step{step:07d}.ckpt").exists() for step in experiment.checkpoints):
+    if all(
+        step in done and (checkpoints / f"step{step:07d}.ckpt").exists() for step in experiment.checkpoints
+    ):
         return {step: seconds / 60 for step, seconds in done.items()}
     if (checkpoints / "last.ckpt").exists() and not resume:
         raise SystemExit(f"{run_dir} holds an earlier run: pass --resume to continue it, or remove it")
@@ -216,7 +220,11 @@ def evaluate_checkpoints(
                 summary = {k: v for k, v in result.summary.items() if k not in ("env_ids", "object_ids")}
                 summary["eval_minutes"] = (time.perf_counter() - started) / 60
                 cached.write_text(json.dumps(summary, indent=1, default=float))
-            row = {"step": step, "train_minutes": round(minutes.get(step, float("nan")), 2), "split": spec.label}
+            row = {
+                "step": step,
+                "train_minutes": round(minutes.get(step, float("nan")), 2),
+                "split": spec.label,
+            }
             row.update({k: v for k, v in summary.items() if isinstance(v, int | float) and k != "seed"})
             rows.append(row)
             print(_row_line(row), flush=True)
@@ -225,7 +233,9 @@ def evaluate_checkpoints(
 
 def _row_line(row: dict[str, Any]) -> str:
     parts = [f"step {row['step']:>6} ({row['train_minutes']:5.1f} min) {row['split']:>7}:"]
-    parts.append(f"success {row['success_rate']:.2f} [{row['success_ci_low']:.2f}, {row['success_ci_high']:.2f}]")
+    parts.append(
+        f"success {row['success_rate']:.2f} [{row['success_ci_low']:.2f}, {row['success_ci_high']:.2f}]"
+    )
     for key in row:
         if key.startswith("mean_") and not key.endswith(("_ci_low", "_ci_high")):
             parts.append(f"{key.removeprefix('mean_')} {row[key]:.3f}")
@@ -304,7 +314,9 @@ def _git_commit() -> str:
         commit = subprocess.run(
             ["git", "rev-parse", "HEAD"], cwd=ROOT, capture_output=True, text=True, check=True
         ).stdout.strip()
-        dirty = subprocess.run(["git", "status", "--porcelain"], cwd=ROOT, capture_output=True, text=True).stdout
+        dirty = subprocess.run(
+            ["git", "status", "--porcelain"], cwd=ROOT, capture_output=True, text=True
+        ).stdout
         return commit + (" (with uncommitted changes)" if dirty.strip() else "")
     except (OSError, subprocess.CalledProcessError):
         return "unknown"
@@ -337,7 +349,12 @@ def plot_curve(experiment: Experiment, rows: list[dict[str, Any]], path: Path) -
         for split in dict.fromkeys(r["split"] for r in rows):
             points = sorted((r for r in rows if r["split"] == split), key=lambda r: r["step"])
             x = [r["train_minutes"] for r in points]
-            ax.plot(x, [r[metric] for r in points], marker="o", label=f"{split} ({points[0]['n_rollouts']} rollouts)")
+            ax.plot(
+                x,
+                [r[metric] for r in points],
+                marker="o",
+                label=f"{split} ({points[0]['n_rollouts']} rollouts)",
+            )
             ax.fill_between(x, [r[low_key] for r in points], [r[high_key] for r in points], alpha=0.2)
         for anchor in experiment.anchors:
             if anchor["metric"] == metric:
@@ -356,7 +373,9 @@ def plot_curve(experiment: Experiment, rows: list[dict[str, Any]], path: Path) -
     plt.close(fig)
 
 
-def write_readme(experiment: Experiment, summary: dict[str, Any], rows: list[dict[str, Any]], out: Path) -> None:
+def write_readme(
+    experiment: Experiment, summary: dict[str, Any], rows: list[dict[str, Any]], out: Path
+) -> None:
     lines = [f"# {experiment.name}", "", experiment.description.strip(), ""]
     lines += ["```bash", summary["command"], "```", ""]
     lines += [
@@ -369,7 +388,15 @@ def write_readme(experiment: Experiment, summary: dict[str, Any], rows: list[dic
         "",
     ]
     metric_keys = [k for k in rows[0] if k.startswith("mean_") and not k.endswith(("_ci_low", "_ci_high"))]
-    header = ["step", "train min", "split", "success", *[k.removeprefix("mean_") for k in metric_keys], "score", "n"]
+    header = [
+        "step",
+        "train min",
+        "split",
+        "success",
+        *[k.removeprefix("mean_") for k in metric_keys],
+        "score",
+        "n",
+    ]
     lines += ["| " + " | ".join(header) + " |", "|" + " --- |" * len(header)]
     for row in rows:
         cells = [
@@ -393,7 +420,10 @@ def write_readme(experiment: Experiment, summary: dict[str, Any], rows: list[dic
             lines.append(f"| {anchor['label']} ({anchor['metric']}) | {anchor['value']} | {when} |")
     confidence = next((r.get("confidence") for r in rows if r.get("confidence")), None)
     if confidence:
-        lines += ["", f"Intervals: {confidence:.0%} (Wilson for success; for scores and coverage, see eval/README.md)."]
+        lines += [
+            "",
+            f"Intervals: {confidence:.0%} (Wilson for success; for scores and coverage, see eval/README.md).",
+        ]
     (out / "README.md").write_text("\n".join(lines).rstrip() + "\n")
 
 
@@ -401,7 +431,9 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("experiment", help="experiment YAML (configs/experiments/)")
     parser.add_argument("--out", default=None, help="record folder (default docs/results/<name>)")
-    parser.add_argument("--run-dir", default=None, help="checkpoints and logs (default runs/experiments/<name>)")
+    parser.add_argument(
+        "--run-dir", default=None, help="checkpoints and logs (default runs/experiments/<name>)"
+    )
     parser.add_argument("--resume", action="store_true", help="continue an interrupted run")
     parser.add_argument("--eval-batch", type=int, default=50, help="environments stepped in lockstep")
     args = parser.parse_args(argv)
@@ -428,7 +460,9 @@ def main(argv: list[str] | None = None) -> int:
         "name": experiment.name,
         "task": experiment.task,
         "policy": experiment.policy,
-        "command": " ".join(["python", "benchmarks/learning_curve.py", os.path.relpath(args.experiment, ROOT)]),
+        "command": " ".join(
+            ["python", "benchmarks/learning_curve.py", os.path.relpath(args.experiment, ROOT)]
+        ),
         "commit": _git_commit(),
         "machine": machine(),
         "load_average_before": load_before,

@@ -29,6 +29,12 @@ def _common(parser: argparse.ArgumentParser, ids: bool = True, manifest: bool = 
         help="image codec of a new store (default: jpeg; png for replay buffers)",
     )
     parser.add_argument("--workers", type=int, default=1, help="processes for decoding/encoding (default 1)")
+    parser.add_argument(
+        "--lock-timeout",
+        type=float,
+        default=None,
+        help="seconds to wait while another process writes to the store (default 600)",
+    )
     parser.add_argument("--dry-run", action="store_true", help="validate and report; do not touch the store")
     parser.add_argument("--no-progress", action="store_true", help="no progress bar")
     parser.add_argument("--json", action="store_true", help="print the summary as JSON")
@@ -53,6 +59,12 @@ def build_parser() -> argparse.ArgumentParser:
     session.add_argument("src", help="the session directory")
     session.add_argument("--resolution", type=int, default=224, help="square image size (default 224)")
     session.add_argument("--rate-hz", type=float, help="frame rate (default: from the plan's timestamps)")
+    session.add_argument(
+        "--trust-pickle",
+        action="store_true",
+        help="unpickle a plan that needs more than plain containers and numpy arrays; "
+        "this runs whatever code the pickle names: only for sessions you made or trust",
+    )
     _common(session)
 
     joylo = formats.add_parser("joylo", help="JoyLo per-episode HDF5 files or a merged BRS file")
@@ -82,6 +94,7 @@ def run(args: argparse.Namespace):
         "workers": args.workers,
         "dry_run": args.dry_run,
         "progress": not args.no_progress,
+        "lock_timeout": args.lock_timeout,
     }
     ids = {"env_id": args.env_id, "object_id": args.object_id, "task": args.task, "operator": args.operator}
     if args.format == "umi":
@@ -92,7 +105,13 @@ def run(args: argparse.Namespace):
         from demoscale.collect.umi_session import ingest_umi_session
 
         return ingest_umi_session(
-            args.src, args.store, resolution=args.resolution, rate_hz=args.rate_hz, **ids, **common
+            args.src,
+            args.store,
+            resolution=args.resolution,
+            rate_hz=args.rate_hz,
+            trust_pickle=args.trust_pickle,
+            **ids,
+            **common,
         )
     if args.format == "joylo":
         from demoscale.collect.joylo import ingest_joylo

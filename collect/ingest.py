@@ -11,10 +11,12 @@ from __future__ import annotations
 
 import hashlib
 import os
+import shutil
 import time
 from collections import deque
 from collections.abc import Callable, Iterator, Mapping
 from concurrent.futures import ProcessPoolExecutor
+from contextlib import ExitStack
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -93,7 +95,7 @@ class ContentHash:
     def array(self, name: str, value: np.ndarray) -> None:
         value = np.ascontiguousarray(value)
         self._digest.update(f"{name}|{value.dtype.str}|{value.shape}|".encode())
-        self._digest.update(memoryview(value).cast("B"))
+        self._digest.update(memoryview(value).cast("B") if value.size else b"")
 
     def raw(self, name: str, payload: bytes) -> None:
         self._digest.update(f"{name}|raw|{len(payload)}|".encode())
@@ -223,6 +225,36 @@ def _load_and_encode(loader: Loader, load_args: Any, want_encoded: bool, encode_
     return arrays, encoded
 
 
+def _end_with_parent(parent: int) -> None:
+    """Worker initializer: exit when the ingesting process dies, whatever kills it.
+
+    A pool worker blocks on its task queue, whose pipe it holds open itself, so it never notices a
+    parent killed with SIGKILL: without this it lives on as an orphan. Linux delivers SIGKILL to the
+    worker the moment its parent dies (PR_SET_PDEATHSIG); elsewhere a watchdog thread polls.
+    """
+    import signal
+    import sys
+    import threading
+
+    if sys.platform.startswith("linux"):
+        import ctypes
+
+        pr_set_pdeathsig = 1
+        try:
+            ctypes.CDLL(None, use_errno=True).prctl(pr_set_pdeathsig, signal.SIGKILL, 0, 0, 0)
+        except (OSError, AttributeError):
+            pass
+    if os.getppid() != parent:  # the parent died before the signal was armed
+        os._exit(1)
+
+    def watch() -> None:
+        while os.getppid() == parent:
+            time.sleep(1.0)
+        os._exit(1)
+
+    threading.Thread(target=watch, daemon=True, name="end-with-parent").start()
+
+
 def _load_guarded(plan: EpisodePlan, loader: Loader, want_encoded: bool):
     try:
         return loader(plan.load_args, want_encoded)
@@ -246,8 +278,10 @@ def _loaded_in_order(
         return
     # The platform's default start method (fork on Linux: workers start in milliseconds). zarr
     # resets its event loop after a fork, and open sources are cached per process id, so a worker
-    # never shares its parent's file offsets.
-    with ProcessPoolExecutor(max_workers=workers) as pool:
+    # never shares its parent's file offsets. Workers end with this process, even when it is killed.
+    with ProcessPoolExecutor(
+        max_workers=workers, initializer=_end_with_parent, initargs=(os.getpid(),)
+    ) as pool:
         pending: deque = deque()
         queue = iter(plans)
 
@@ -289,6 +323,7 @@ def write_plans(
     dry_run: bool = False,
     progress: bool = True,
     started: float | None = None,
+    lock_timeout: float | None = None,
 ) -> IngestSummary:
     """Append the planned episodes to the store, skipping those whose hash it already holds.
 
@@ -297,8 +332,13 @@ def write_plans(
     the loader is asked for encoded frames only when the store uses that codec. With
     ``workers > 1`` episodes are loaded and their images encoded in worker processes, and this
     process appends them in order.
+
+    All or nothing: the whole run holds the store's writer lock (waiting up to ``lock_timeout``
+    seconds for another writer) and is one store transaction, so an episode that fails only while
+    it is loaded (a video shorter than its plan, a frame that does not decode) leaves an existing
+    store byte for byte as it was, and a store this run created is removed again.
     """
-    from demoscale.datasets import StoreError
+    from demoscale.datasets import StoreError, StoreLockTimeout, writer_lock
     from tqdm import tqdm
 
     started = time.perf_counter() if started is None else started
@@ -326,39 +366,70 @@ def write_plans(
     # only when the first episode is ready, so that nothing appears if loading fails.
     want_encoded = copy_codec is not None and codec == copy_codec
     encode_images = {key: (codec, options) for key, spec in features.items() if spec.kind == "image"}
-    store = None
     bar = tqdm(total=sum(plan.length for plan in to_write), unit="frame", desc="ingest", disable=not progress)
     try:
-        for plan, (arrays, encoded) in _loaded_in_order(
-            loader, to_write, want_encoded, workers, encode_images
-        ):
+        with ExitStack() as locked:
             try:
-                if store is None:
-                    store = open_or_create_store(location, features, image_codec)
-                index = store.append_episode(
-                    arrays,
-                    env_id=plan.env_id or UNKNOWN_ID,
-                    object_id=plan.object_id or UNKNOWN_ID,
-                    task=plan.task,
-                    operator=plan.operator,
-                    source=plan.source,
-                    source_sha256=plan.sha256,
-                    success=plan.success,
-                    tags=plan.tags,
-                    encoded=encoded or None,
-                )
-            except StoreError as error:
-                raise IngestError(f"{plan.source}: the store refused the episode: {error}") from error
-            if index is None:
-                summary.episodes_skipped += 1
-                summary.frames_skipped += plan.length
-                summary.skipped_sources.append(plan.source)
-            else:
-                summary.episodes_written += 1
-                summary.frames_written += plan.length
-                summary.episode_indices.append(int(index))
-            bar.update(plan.length)
+                locked.enter_context(writer_lock(location, lock_timeout, what="ingest into"))
+            except StoreLockTimeout as error:
+                raise IngestError(str(error)) from None
+            existed = _store_exists(location)
+            if existed:  # another writer may have created or changed the store since the checks above
+                _codec_of(location, features, image_codec)
+            try:
+                with ExitStack() as transaction:
+                    store = None
+                    for plan, (arrays, encoded) in _loaded_in_order(
+                        loader, to_write, want_encoded, workers, encode_images
+                    ):
+                        try:
+                            if store is None:
+                                store = open_or_create_store(location, features, image_codec)
+                                transaction.enter_context(store.transaction())
+                            index = store.append_episode(
+                                arrays,
+                                env_id=plan.env_id or UNKNOWN_ID,
+                                object_id=plan.object_id or UNKNOWN_ID,
+                                task=plan.task,
+                                operator=plan.operator,
+                                source=plan.source,
+                                source_sha256=plan.sha256,
+                                success=plan.success,
+                                tags=plan.tags,
+                                encoded=encoded or None,
+                            )
+                        except StoreError as error:
+                            raise IngestError(
+                                f"{plan.source}: the store refused the episode: {error}"
+                            ) from error
+                        if index is None:
+                            summary.episodes_skipped += 1
+                            summary.frames_skipped += plan.length
+                            summary.skipped_sources.append(plan.source)
+                        else:
+                            summary.episodes_written += 1
+                            summary.frames_written += plan.length
+                            summary.episode_indices.append(int(index))
+                        bar.update(plan.length)
+                    # Leaving this block commits the transaction: every episode becomes visible at once.
+            except BaseException:
+                # The transaction is rolled back by now; a store this run created goes too (still
+                # under the lock, so no other writer has used it).
+                if not existed and _store_exists(location):
+                    _remove_store(location)
+                raise
     finally:
         bar.close()
     summary.seconds = time.perf_counter() - started
     return summary
+
+
+def _remove_store(location: str) -> None:
+    """Delete a store this ingest created and could not fill (the caller holds the writer lock)."""
+    if "://" in location and not location.startswith("file://"):
+        import fsspec
+
+        fs, path = fsspec.core.url_to_fs(location)
+        fs.rm(path, recursive=True)
+    else:
+        shutil.rmtree(location.removeprefix("file://"), ignore_errors=True)

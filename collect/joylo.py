@@ -422,6 +422,7 @@ def ingest_joylo(
     workers: int = 1,
     dry_run: bool = False,
     progress: bool = True,
+    lock_timeout: float | None = None,
 ):
     """Ingest JoyLo recordings into ``store``: a directory of raw per-episode HDF5 files (searched
     for ``*.h5`` / ``*.hdf5``), one such file, or a merged BRS file (``demo_<i>`` groups).
@@ -471,4 +472,5 @@ def ingest_joylo(
         dry_run=dry_run,
         progress=progress,
         started=started,
+        lock_timeout=lock_timeout,
     )

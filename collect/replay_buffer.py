@@ -143,6 +143,7 @@ def ingest_replay_buffer(
     workers: int = 1,
     dry_run: bool = False,
     progress: bool = True,
+    lock_timeout: float | None = None,
 ) -> IngestSummary:
     """Ingest a diffusion_policy replay buffer (directory or ``.zarr.zip``) into ``store``.
 
@@ -179,4 +180,5 @@ def ingest_replay_buffer(
         dry_run=dry_run,
         progress=progress,
         started=started,
+        lock_timeout=lock_timeout,
     )

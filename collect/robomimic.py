@@ -70,6 +70,10 @@ def read_demo(file, path: Path, demo: str) -> dict[str, np.ndarray]:
     lengths = {key: len(values) for key, values in arrays.items()}
     if len(set(lengths.values())) != 1:
         raise IngestError(f"{path}: episode {demo}: datasets have different lengths {lengths}")
+    if not lengths["action"]:
+        raise IngestError(
+            f"{path}: key 'data/{demo}/actions', episode {demo}: 0 steps (an empty demonstration)"
+        )
     return arrays
 
 
@@ -175,6 +179,7 @@ def ingest_robomimic(
     workers: int = 1,
     dry_run: bool = False,
     progress: bool = True,
+    lock_timeout: float | None = None,
 ) -> IngestSummary:
     """Ingest a robomimic HDF5 file into ``store`` (all ``obs/`` keys, ``actions`` as ``action``,
     mask filters as tags). ``task`` defaults to the file's ``env_args`` env name; ``rate_hz`` to
@@ -199,4 +204,5 @@ def ingest_robomimic(
         dry_run=dry_run,
         progress=progress,
         started=started,
+        lock_timeout=lock_timeout,
     )

@@ -146,8 +146,14 @@ def write_umi_zip(
             else:
                 chunks = (max(1, min(len(first), total)), *first.shape[1:])
                 compressor = None
+            # Every chunk written, even an all-zero one: readers treat a missing chunk as damage.
             array = data.create_array(
-                key, shape=full.shape, dtype=full.dtype, chunks=chunks, compressor=compressor
+                key,
+                shape=full.shape,
+                dtype=full.dtype,
+                chunks=chunks,
+                compressor=compressor,
+                config={"write_empty_chunks": True},
             )
             array[:] = full
         partial = path.with_name(path.name + ".partial")
@@ -315,6 +321,7 @@ def plan_umi_zip(path: str | os.PathLike, ids=None, rate_hz: float | None = None
                         ) from error
             load_args = {
                 "path": str(path),
+                "episode_name": f"episode {episode}",
                 "start": start,
                 "end": end,
                 "robots": robots,
@@ -338,6 +345,26 @@ def plan_umi_zip(path: str | os.PathLike, ids=None, rate_hz: float | None = None
     return umi_features(robots, cameras, rate_hz), plans, rate_hz
 
 
+def _check_copied_frames(frames: Sequence[bytes], shape: tuple[int, ...], args: Mapping, key: str) -> None:
+    """Decode every frame about to be copied as it is, once: a corrupt frame must fail the ingest,
+    not be stored (zip CRCs catch damaged bytes, not a frame that was written broken)."""
+    import imagecodecs
+
+    for offset, data in enumerate(frames):
+        try:
+            decoded = imagecodecs.jpegxl_decode(data)
+        except Exception as error:
+            raise IngestError(
+                f"{args['path']}: key {key!r}, {args.get('episode_name', 'episode')}: frame {offset} "
+                f"does not decode as JPEG-XL ({error})"
+            ) from None
+        if decoded.shape != shape:
+            raise IngestError(
+                f"{args['path']}: key {key!r}, {args.get('episode_name', 'episode')}: frame {offset} "
+                f"decodes to {decoded.shape}, the array says {shape}"
+            )
+
+
 def load_umi_episode(args: Mapping, want_encoded: bool):
     """Loader for one planned UMI episode: (arrays, encoded frames or None)."""
     raw, root = open_cached(args["path"])
@@ -350,8 +377,15 @@ def load_umi_episode(args: Mapping, want_encoded: bool):
             separator = array.metadata.dimension_separator or "."
             rest = separator.join("0" for _ in array.shape[1:])
             encoded[key] = [raw.read(f"data/{key}/{frame}{separator}{rest}") for frame in range(start, end)]
+            _check_copied_frames(encoded[key], tuple(array.shape[1:]), args, key)
         else:
-            arrays[key] = np.asarray(array[start:end])
+            try:
+                arrays[key] = np.asarray(array[start:end])
+            except Exception as error:  # zarr and the codecs raise many types for damaged chunks
+                raise IngestError(
+                    f"{args['path']}: key {key!r}, {args.get('episode_name', 'episode')} (frames "
+                    f"{start}:{end}): cannot be read or decoded ({type(error).__name__}: {error})"
+                ) from None
     for robot in args["robots"]:
         for part in ("eef_pos", "eef_rot_axis_angle", "gripper_width"):
             key = f"robot{robot}_{part}"
@@ -383,6 +417,7 @@ def ingest_umi(
     workers: int = 1,
     dry_run: bool = False,
     progress: bool = True,
+    lock_timeout: float | None = None,
 ):
     """Ingest UMI ``dataset.zarr.zip`` files into the episode store at ``store``.
 
@@ -425,6 +460,7 @@ def ingest_umi(
         dry_run=dry_run,
         progress=progress,
         started=started,
+        lock_timeout=lock_timeout,
     )
 
 

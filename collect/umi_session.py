@@ -12,7 +12,13 @@ Each plan episode is a dict with ``episode_timestamps`` (N,), ``grippers`` (one 
 
 Frames are decoded with OpenCV, centre-cropped to a square and resized (area interpolation) to
 ``resolution`` x ``resolution``; the stored keys are those of the zip path (``camera{i}_rgb``,
-``robot{i}_*`` and the next-frame ``action``). The plan is a pickle: ingest only sessions you trust.
+``robot{i}_*`` and the next-frame ``action``).
+
+The plan is a pickle (that is how UMI's pipeline writes it), and unpickling can run any code the
+file names. So it is read with a restricted unpickler that builds only plain containers, strings,
+numbers, paths and numpy arrays and scalars, which is all a UMI plan holds; a plan that names
+anything else is refused with a message, and only ``trust_pickle=True`` (``--trust-pickle``) reads it
+with the full unpickler: use that only for sessions you made or trust.
 """
 
 from __future__ import annotations
@@ -23,6 +29,7 @@ import pickle
 import time
 from collections.abc import Mapping
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 from demoscale.collect.ingest import ContentHash, EpisodePlan, IngestError, IngestSummary, write_plans
@@ -31,6 +38,43 @@ from demoscale.collect.umi import next_pose_action, umi_features
 from tqdm import tqdm
 
 PLAN_NAME = "dataset_plan.pkl"
+
+# What a UMI plan is made of, and nothing that can run code: numpy's array, scalar and dtype
+# reconstructors (under their numpy 1 and numpy 2 module names), and a few harmless builtins.
+_PLAN_GLOBALS = {
+    ("numpy", "ndarray"),
+    ("numpy", "dtype"),
+    ("numpy.core.multiarray", "_reconstruct"),
+    ("numpy.core.multiarray", "scalar"),
+    ("numpy._core.multiarray", "_reconstruct"),
+    ("numpy._core.multiarray", "scalar"),
+    ("numpy.core.numeric", "_frombuffer"),
+    ("numpy._core.numeric", "_frombuffer"),
+    ("_codecs", "encode"),
+    ("collections", "OrderedDict"),
+    ("pathlib", "Path"),
+    ("pathlib", "PosixPath"),
+    ("pathlib", "PurePosixPath"),
+}
+
+
+class UntrustedPickleError(pickle.UnpicklingError):
+    """A plan pickle that names a global outside the plan allow-list (it could run code)."""
+
+
+class _PlanUnpickler(pickle.Unpickler):
+    def find_class(self, module: str, name: str):
+        if (module, name) in _PLAN_GLOBALS:
+            return super().find_class(module, name)
+        raise UntrustedPickleError(f"{module}.{name}")
+
+
+def load_plan(path: str | os.PathLike, trust_pickle: bool = False) -> Any:
+    """Unpickle a session plan: restricted to plain data and numpy arrays unless ``trust_pickle``."""
+    with open(path, "rb") as handle:
+        if trust_pickle:
+            return pickle.load(handle)
+        return _PlanUnpickler(handle).load()
 
 
 def _video_path(session: Path, video_path: str) -> Path:
@@ -129,14 +173,26 @@ def _low_dim(episode: Mapping, where: str, index: int) -> dict[str, np.ndarray]:
     return arrays
 
 
-def plan_session(session: Path, ids: SourceIds, resolution: int, rate_hz: float | None, progress: bool):
+def plan_session(
+    session: Path,
+    ids: SourceIds,
+    resolution: int,
+    rate_hz: float | None,
+    progress: bool,
+    trust_pickle: bool = False,
+):
     """Validate a whole session; return (features, plans)."""
     plan_path = session / PLAN_NAME
     if not plan_path.is_file():
         raise IngestError(f"{session}: no {PLAN_NAME}: not a UMI session")
     try:
-        with open(plan_path, "rb") as handle:
-            plan = pickle.load(handle)
+        plan = load_plan(plan_path, trust_pickle)
+    except UntrustedPickleError as error:
+        raise IngestError(
+            f"{plan_path}: the pickle names {error}, which is not plain data or a numpy array; unpickling "
+            "it could run code. Refused. If you made this session or trust it, pass --trust-pickle "
+            "(trust_pickle=True)"
+        ) from None
     except Exception as error:
         raise IngestError(f"{plan_path}: cannot be unpickled (truncated or corrupt?): {error}") from error
     if not isinstance(plan, list | tuple) or not plan:
@@ -198,6 +254,7 @@ def plan_session(session: Path, ids: SourceIds, resolution: int, rate_hz: float 
                 length=length,
                 load_args={
                     "plan": str(plan_path),
+                    "trust_pickle": trust_pickle,
                     "index": index,
                     "cameras": cameras,
                     "resolution": resolution,
@@ -220,8 +277,7 @@ def load_session_episode(args: Mapping, want_encoded: bool):
     """Loader for one planned session episode: decodes and resizes the video frames."""
     key = f"{os.getpid()}:{args['plan']}"
     if key not in _PLANS:
-        with open(args["plan"], "rb") as handle:
-            _PLANS[key] = pickle.load(handle)
+        _PLANS[key] = load_plan(args["plan"], args.get("trust_pickle", False))
     index = args["index"]
     arrays = _low_dim(_PLANS[key][index], args["plan"], index)
     for camera, (video, start, end) in enumerate(args["cameras"]):
@@ -245,6 +301,8 @@ def ingest_umi_session(
     workers: int = 1,
     dry_run: bool = False,
     progress: bool = True,
+    lock_timeout: float | None = None,
+    trust_pickle: bool = False,
 ) -> IngestSummary:
     """Ingest a raw UMI session directory (``dataset_plan.pkl`` + ``demos/*/raw_video.mp4``).
 
@@ -252,6 +310,8 @@ def ingest_umi_session(
     processes), centre-cropped and resized to ``resolution``. env/object/task come from a
     ``<task>/env_<i>/object_<j>/`` layout above the session unless given. ``rate_hz`` defaults to
     the plan's timestamps. The whole plan and every video's frame range are checked first.
+    The plan pickle is read with a restricted unpickler (plain data and numpy arrays only) unless
+    ``trust_pickle`` (see the module docstring).
     """
     started = time.perf_counter()
     session = Path(src).resolve()
@@ -260,7 +320,7 @@ def ingest_umi_session(
     ids = ids_from_layout(session / PLAN_NAME).override(
         {"env_id": env_id, "object_id": object_id, "task": task, "operator": operator}
     )
-    features, plans = plan_session(session, ids, resolution, rate_hz, progress)
+    features, plans = plan_session(session, ids, resolution, rate_hz, progress, trust_pickle)
     return write_plans(
         store,
         features,
@@ -272,4 +332,5 @@ def ingest_umi_session(
         dry_run=dry_run,
         progress=progress,
         started=started,
+        lock_timeout=lock_timeout,
     )

@@ -69,6 +69,15 @@ class RawGroup:
         except (zipfile.BadZipFile, OSError, EOFError) as error:
             raise IngestError(f"{self.path}: member {name!r} cannot be read (corrupt?): {error}") from error
 
+    def member_names(self, prefix: str) -> set[str]:
+        """Every file name under ``prefix`` (e.g. ``data/action/``), relative to the group root."""
+        if self._zip is not None:
+            return {n for n in self._names if n.startswith(prefix)}
+        folder = self.path / prefix
+        if not folder.is_dir():
+            return set()
+        return {str(p.relative_to(self.path).as_posix()) for p in folder.rglob("*") if p.is_file()}
+
     def list_arrays(self, group: str) -> list[str]:
         """Names of the arrays directly inside ``group`` (those with a ``.zarray``)."""
         prefix = f"{group}/"
@@ -119,6 +128,33 @@ class ArrayInfo:
         """Member name of the chunk holding ``frame`` when chunks are one frame each."""
         rest = [0] * (len(self.shape) - 1)
         return f"data/{self.name}/" + self.separator.join(str(i) for i in [frame, *rest])
+
+
+def check_chunks_present(raw: RawGroup, info: ArrayInfo, episode_ends: np.ndarray, key: str) -> None:
+    """Raise IngestError if any chunk of the array is absent from the source.
+
+    zarr reads an absent chunk as the array's fill value (zeros, typically), so a source missing a
+    chunk would be ingested as plausible-looking zeros. UMI and diffusion-policy writers store every
+    chunk, so an absent one is damage; the error names the key, the episode and the frames.
+    """
+    import itertools
+
+    present = raw.member_names(f"{key}/")
+    grid = [range(max(1, -(-n // c))) for n, c in zip(info.shape, info.chunks, strict=True)]
+    for index in itertools.product(*grid):
+        name = f"{key}/" + info.separator.join(str(i) for i in index)
+        if name not in present:
+            first = index[0] * info.chunks[0]
+            last = min(info.shape[0], first + info.chunks[0])
+            if key.startswith("meta/"):
+                where = f"entries {first}:{last}"
+            else:
+                episode = int(np.searchsorted(episode_ends, first, side="right"))
+                where = f"episode {episode}, frames {first}:{last}"
+            raise IngestError(
+                f"{raw.path}: key {key.removeprefix('data/')!r}: chunk {name} ({where}) is missing; "
+                "it would read as the fill value, not as data"
+            )
 
 
 @dataclass
@@ -174,6 +210,21 @@ def inspect_group(raw: RawGroup) -> GroupInfo:
             f"{path}: meta/episode_ends must be a non-empty 1-D integer array, got {episode_ends.dtype} {episode_ends.shape}"
         )
     episode_ends = episode_ends.astype(np.int64)
+    ends_meta = raw.array_meta("meta/episode_ends")
+    check_chunks_present(
+        raw,
+        ArrayInfo(
+            name="episode_ends",
+            shape=tuple(int(n) for n in ends_meta["shape"]),
+            chunks=tuple(int(n) for n in ends_meta["chunks"]),
+            dtype=np.dtype(ends_meta["dtype"]),
+            compressor_id=None,
+            has_filters=False,
+            separator=ends_meta.get("dimension_separator") or ".",
+        ),
+        episode_ends,
+        "meta/episode_ends",
+    )
     steps = np.diff(np.concatenate([[0], episode_ends]))
     if (steps <= 0).any():
         bad = int(np.flatnonzero(steps <= 0)[0])
@@ -205,6 +256,7 @@ def inspect_group(raw: RawGroup) -> GroupInfo:
             has_filters=bool(meta.get("filters")),
             separator=meta.get("dimension_separator") or ".",
         )
+        check_chunks_present(raw, arrays[name], episode_ends, f"data/{name}")
     return GroupInfo(path=path, episode_ends=episode_ends, arrays=arrays)
 
 

@@ -8,13 +8,24 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from demoscale.datasets.store import EpisodeStore, FeatureSpec, StoreError, sha256_of
+from demoscale.datasets.locking import writer_lock
+from demoscale.datasets.store import (
+    EpisodeStore,
+    FeatureSpec,
+    StoreError,
+    StoreLockTimeout,
+    repair_store,
+    sha256_of,
+)
 
 __all__ = [
     "EpisodeStore",
     "FeatureSpec",
     "StoreError",
+    "StoreLockTimeout",
+    "repair_store",
     "sha256_of",
+    "writer_lock",
     "Subset",
     "select_subset",
     "subset_capacity",

@@ -1,11 +1,11 @@
-"""``demoscale store``: inspect, validate and label episode stores (a thin shell over EpisodeStore)."""
+"""``demoscale store``: inspect, validate, repair and label episode stores (a thin shell over EpisodeStore)."""
 
 from __future__ import annotations
 
 import argparse
 import sys
 
-from demoscale.datasets.store import EpisodeStore, StoreError, dumps_info
+from demoscale.datasets.store import EpisodeStore, StoreError, dumps_info, repair_store
 
 
 def _print_info(info: dict) -> None:
@@ -40,8 +40,20 @@ def main(argv: list[str] | None = None) -> int:
     info = commands.add_parser("info", help="summarise a store (episodes, frames, envs, objects, features)")
     info.add_argument("store", help="store location: directory, .zip or fsspec URL")
     info.add_argument("--json", action="store_true", help="print JSON instead of a table")
-    validate = commands.add_parser("validate", help="check every invariant of a store")
+    validate = commands.add_parser(
+        "validate", help="check every invariant of a store, and that every chunk file is present and whole"
+    )
     validate.add_argument("store")
+    validate.add_argument(
+        "--deep",
+        action="store_true",
+        help="also read every value: decode every frame, decompress every chunk",
+    )
+    validate.add_argument("--no-progress", action="store_true", help="no progress bar for --deep")
+    repair = commands.add_parser(
+        "repair", help="clean up after a killed writer or creator (uncommitted data, unfinished creation)"
+    )
+    repair.add_argument("store")
     label = commands.add_parser("label-waypoints", help="label waypoints and cache next_waypoint_index")
     label.add_argument("store")
     label.add_argument("--threshold", type=float, required=True, help="reconstruction error threshold")
@@ -57,8 +69,15 @@ def main(argv: list[str] | None = None) -> int:
                 _print_info(summary)
         elif args.command == "validate":
             store = EpisodeStore.open(args.store)
-            store.validate()
-            print(f"ok: {args.store}: {store.n_episodes} episodes, {store.n_frames} frames")
+            store.validate(deep=args.deep, progress=args.deep and not args.no_progress)
+            depth = ", every value read" if args.deep else ""
+            print(f"ok: {args.store}: {store.n_episodes} episodes, {store.n_frames} frames{depth}")
+        elif args.command == "repair":
+            actions = repair_store(args.store)
+            for action in actions:
+                print(f"repaired: {action}")
+            if not actions:
+                print(f"ok: {args.store}: nothing to repair")
         elif args.command == "label-waypoints":
             from demoscale.datasets.waypoints import WaypointError, label_store_waypoints
 

@@ -10,6 +10,8 @@ Layout (format ``demoscale.episode_store``, version 1; described in full in ``da
 
 Appends are made safe against being killed at any moment by writing ``meta/episode_ends`` last:
 readers trust only frames before its last valid entry and only metadata rows of committed episodes.
+Every mutation runs under the store's writer lock (``datasets/locking.py``); a :meth:`transaction`
+makes a batch of appends visible together or, on any error, not at all.
 """
 
 from __future__ import annotations
@@ -18,8 +20,11 @@ import json
 import logging
 import math
 import os
+import shutil
+import uuid
 import warnings
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
+from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Literal
@@ -28,6 +33,7 @@ import numpy as np
 import pandas as pd
 import zarr
 from demoscale.datasets import codecs
+from demoscale.datasets.locking import try_writer_lock, writer_lock
 from zarr.core.dtype import VariableLengthBytes, VariableLengthUTF8
 
 logger = logging.getLogger(__name__)
@@ -55,6 +61,10 @@ _EMPTY_CHUNK = 2**64 - 1
 
 class StoreError(Exception):
     """Any problem with an episode store or with data offered to it."""
+
+
+class StoreLockTimeout(StoreError):
+    """Another process held the store's writer lock for longer than the caller would wait."""
 
 
 @dataclass(frozen=True)
@@ -103,6 +113,31 @@ class _Committed:
     notes: list[str] = field(default_factory=list)
 
 
+@dataclass
+class _Staged:
+    """Episodes written by an open transaction but not yet committed."""
+
+    ends: list[int] = field(default_factory=list)
+    hashes: set[str] = field(default_factory=set)
+
+
+def _time_chunk_entries(chunks: Path, first: int) -> list[Path]:
+    """Entries ``c/<i>`` (files or folders) of an array's chunk folder with time index ``i >= first``."""
+    if not chunks.is_dir():
+        return []
+    return sorted(
+        (entry for entry in chunks.iterdir() if entry.name.isdigit() and int(entry.name) >= first),
+        key=lambda entry: int(entry.name),
+    )
+
+
+def _write_atomically(path: Path, content: bytes) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    temporary = path.with_name(f"{path.name}.{uuid.uuid4().hex[:8]}.partial")
+    temporary.write_bytes(content)
+    os.replace(temporary, path)
+
+
 def _is_url(location: str) -> bool:
     return "://" in location or "::" in location
 
@@ -132,20 +167,125 @@ def _as_str(value: Any) -> str:
     return "" if value is None else str(value)
 
 
+def _local_path(location: str) -> Path | None:
+    """The directory of a local store (plain path or ``file://`` URL); None for remote URLs and zips."""
+    if location.startswith("file://"):
+        return Path(location[len("file://") :])
+    if _is_url(location) or location.endswith(".zip"):
+        return None
+    return Path(location)
+
+
+def _remove_unfinished_creations(local: Path) -> list[Path]:
+    """Delete scratch directories of creations that were killed before their rename (under the lock)."""
+    removed = []
+    if local.parent.is_dir():
+        for leftover in local.parent.glob(f".{local.name}.creating-*"):
+            shutil.rmtree(leftover, ignore_errors=True)
+            removed.append(leftover)
+        for leftover in local.parent.glob(f".{local.name}.replaced-*"):
+            shutil.rmtree(leftover, ignore_errors=True)
+            removed.append(leftover)
+    return removed
+
+
+def _build_layout(
+    root: zarr.Group,
+    features: Mapping[str, FeatureSpec],
+    codec: str,
+    options: dict[str, Any],
+    image_shard_frames: int,
+) -> None:
+    """Create the empty arrays and, last, the root attributes of a new store in ``root``."""
+    from zarr.codecs import Crc32cCodec, VLenBytesCodec, ZstdCodec
+
+    # Checksums everywhere, so that damage is found when read instead of decoded into plausible
+    # values (a JPEG with garbage in the middle often still decodes): a crc32c per image frame, and
+    # zstd's own content checksum in every numeric and string chunk.
+    checked = [ZstdCodec(level=0, checksum=True)]
+    data = root.create_group("data")
+    meta = root.create_group("meta")
+    for key, spec in features.items():
+        if spec.kind == "image":
+            data.create_array(
+                key,
+                shape=(0,),
+                chunks=(1,),
+                shards=(int(image_shard_frames),),
+                dtype=VariableLengthBytes(),
+                serializer=VLenBytesCodec(),
+                compressors=[Crc32cCodec()],
+                attributes={"codec": codec, "codec_options": options, "frame_shape": list(spec.shape)},
+            )
+        else:
+            frame_bytes = max(1, _frame_nbytes(spec))
+            frames_per_chunk = max(1, _CHUNK_BYTES // frame_bytes)
+            shards = None
+            if frames_per_chunk < 64:
+                # Large frames (point clouds): 1 frame per inner chunk, many frames per file.
+                shards = (max(1, (16 * _CHUNK_BYTES) // frame_bytes), *spec.shape)
+                frames_per_chunk = 1
+            data.create_array(
+                key,
+                shape=(0, *spec.shape),
+                chunks=(frames_per_chunk, *spec.shape),
+                shards=shards,
+                dtype=spec.dtype,
+                fill_value=0,
+                compressors=checked,
+            )
+    # Fill 0 marks an entry whose chunk was never written: never a valid (positive) episode end.
+    meta.create_array(
+        "episode_ends", shape=(0,), chunks=(_META_CHUNK,), dtype="int64", fill_value=0, compressors=checked
+    )
+    for column in STRING_COLUMNS:
+        meta.create_array(
+            column, shape=(0,), chunks=(_META_CHUNK,), dtype=VariableLengthUTF8(), compressors=checked
+        )
+    meta.create_array(
+        "length", shape=(0,), chunks=(_META_CHUNK,), dtype="int64", fill_value=0, compressors=checked
+    )
+    meta.create_array(
+        "success",
+        shape=(0,),
+        chunks=(_META_CHUNK,),
+        dtype="int8",
+        fill_value=SUCCESS_UNKNOWN,
+        compressors=checked,
+    )
+    root.attrs.update(
+        {
+            "format": FORMAT_NAME,
+            "version": FORMAT_VERSION,
+            "features": {k: v.to_dict() for k, v in features.items()},
+            "image_codec": codec,
+            "image_codec_options": options,
+            "success_encoding": "int8: 1 success, 0 failure, -1 unknown",
+            "tags_encoding": "comma-separated",
+            # Every chunk is written, even one equal to the fill value, so a missing chunk file is
+            # damage (validate checks); stores without this attribute may omit all-fill chunks.
+            "all_chunks_written": True,
+        }
+    )
+
+
 class _LocalShardReader:
     """Reads encoded image frames straight from the shard files of a local store.
 
     zarr's general read path costs about a millisecond of Python per inner chunk, more than decoding
     a JPEG. For the one layout this package writes (shards of 1-frame inner chunks, variable-length
-    bytes, index at the end of the shard) a frame is one ``pread`` at an offset from the shard index.
-    Shard indexes are cached per file identity (inode, size, mtime), so a shard rewritten by an append
-    is re-indexed. Anything unexpected returns None and the caller falls back to zarr.
+    bytes, optionally a crc32c per frame, index at the end of the shard) a frame is one ``pread`` at
+    an offset from the shard index. Shard indexes are checked (crc32c) and cached per file identity
+    (inode, size, mtime), so a shard rewritten by an append is re-indexed. Anything unexpected,
+    a checksum that does not match included, returns None and the caller falls back to zarr, which
+    raises for damaged data.
     """
 
-    def __init__(self, directory: Path, shard_frames: int) -> None:
+    def __init__(self, directory: Path, shard_frames: int, checksummed: bool = False) -> None:
         self.directory = directory
         self.shard_frames = shard_frames
-        self._index: dict[int, tuple[tuple[int, int, int], np.ndarray]] = {}
+        self.checksummed = checksummed
+        self._index: dict[int, tuple[tuple[int, int, int], np.ndarray | None]] = {}
 
     @classmethod
     def for_array(cls, location: str, key: str, array: zarr.Array) -> _LocalShardReader | None:
@@ -159,15 +299,17 @@ class _LocalShardReader:
         if len(codecs_) != 1 or not isinstance(codecs_[0], ShardingCodec):
             return None
         sharding = codecs_[0]
+        inner = [type(c) for c in sharding.codecs]
         if (
             tuple(sharding.chunk_shape) != (1,)
-            or [type(c) for c in sharding.codecs] != [VLenBytesCodec]
+            or inner not in ([VLenBytesCodec], [VLenBytesCodec, Crc32cCodec])
             or [type(c) for c in sharding.index_codecs] != [BytesCodec, Crc32cCodec]
             or sharding.index_location != ShardingCodecIndexLocation.end
             or getattr(metadata.chunk_key_encoding, "separator", None) != "/"
         ):
             return None
-        return cls(Path(location) / "data" / key / "c", int(metadata.chunk_grid.chunk_shape[0]))
+        directory = Path(_local_path(location) or location) / "data" / key / "c"
+        return cls(directory, int(metadata.chunk_grid.chunk_shape[0]), checksummed=len(inner) == 2)
 
     def read(self, frames: np.ndarray) -> list[bytes] | None:
         out: list[bytes] = [b""] * len(frames)
@@ -180,11 +322,20 @@ class _LocalShardReader:
                 return None
             try:
                 index = self._shard_index(int(shard), fd)
+                if index is None:
+                    return None
+                trailer = 4 if self.checksummed else 0
                 for position in positions:
                     offset, nbytes = index[int(frames[position]) % self.shard_frames]
-                    if nbytes < 8 or offset == _EMPTY_CHUNK:
+                    if nbytes < 8 + trailer or offset == _EMPTY_CHUNK:
                         return None
                     chunk = os.pread(fd, int(nbytes), int(offset))
+                    if self.checksummed:
+                        import google_crc32c
+
+                        if google_crc32c.value(chunk[:-4]) != int.from_bytes(chunk[-4:], "little"):
+                            return None
+                        chunk = chunk[:-4]
                     # variable-length bytes: uint32 item count (1), uint32 length, the bytes.
                     count, length = np.frombuffer(chunk, dtype="<u4", count=2)
                     if count != 1 or length != len(chunk) - 8:
@@ -194,15 +345,22 @@ class _LocalShardReader:
                 os.close(fd)
         return out
 
-    def _shard_index(self, shard: int, fd: int) -> np.ndarray:
+    def _shard_index(self, shard: int, fd: int) -> np.ndarray | None:
+        """The shard's (offset, nbytes) per frame; None when the index is damaged (zarr then raises)."""
+        import google_crc32c
+
         status = os.fstat(fd)
         identity = (status.st_ino, status.st_size, status.st_mtime_ns)
         cached = self._index.get(shard)
         if cached is not None and cached[0] == identity:
             return cached[1]
         size = self.shard_frames * 16 + 4  # (offset, nbytes) uint64 pairs + crc32c
+        if status.st_size < size:
+            return None
         raw = os.pread(fd, size, status.st_size - size)
-        index = np.frombuffer(raw[:-4], dtype="<u8").reshape(-1, 2)
+        index = None
+        if google_crc32c.value(raw[:-4]) == int.from_bytes(raw[-4:], "little"):
+            index = np.frombuffer(raw[:-4], dtype="<u8").reshape(-1, 2)
         self._index[shard] = (identity, index)
         return index
 
@@ -216,22 +374,33 @@ class EpisodeStore:
         self.writable = writable
         attrs = dict(root.attrs)
         if attrs.get("format") != FORMAT_NAME:
+            hint = (
+                " (an unfinished creation? `demoscale store repair` removes a store that never got its attributes)"
+                if "format" not in attrs
+                else ""
+            )
             raise StoreError(
-                f"{location}: not a demoscale episode store (root attribute format={attrs.get('format')!r})"
+                f"{location}: not a demoscale episode store (root attribute format={attrs.get('format')!r}){hint}"
             )
         if int(attrs.get("version", -1)) > FORMAT_VERSION:
             raise StoreError(
                 f"{location}: store format version {attrs.get('version')} is newer than this reader ({FORMAT_VERSION})"
             )
-        self.features: dict[str, FeatureSpec] = {
-            k: FeatureSpec.from_dict(v) for k, v in attrs["features"].items()
-        }
+        try:
+            self.features: dict[str, FeatureSpec] = {
+                k: FeatureSpec.from_dict(v) for k, v in attrs["features"].items()
+            }
+        except (KeyError, TypeError, AttributeError, ValueError) as error:
+            raise StoreError(
+                f"{location}: root attribute 'features' is missing or malformed ({error!r})"
+            ) from None
         self.image_codec: str = attrs.get("image_codec", "jpeg")
         self.image_codec_options: dict[str, Any] = dict(attrs.get("image_codec_options", {}))
         self._arrays: dict[str, zarr.Array] = {}
         self._stats_memory: dict[str, dict[str, Any]] = {}
         self._cleaned = False
         self._shard_readers: dict[str, _LocalShardReader | None] = {}
+        self._staged: _Staged | None = None
         self._refresh()
 
     # ------------------------------------------------------------------ opening
@@ -244,11 +413,14 @@ class EpisodeStore:
         image_codec_options: dict[str, Any] | None = None,
         image_shard_frames: int = DEFAULT_IMAGE_SHARD_FRAMES,
         overwrite: bool = False,
+        lock_timeout: float | None = None,
     ) -> EpisodeStore:
         """Create an empty store at a local directory (or a writable fsspec URL).
 
         ``image_codec`` is ``"jpeg"`` (default), ``"png"`` (lossless) or ``"jpegxl"``;
         ``image_codec_options`` go to the imagecodecs encoder (e.g. ``{"level": 95}``).
+        A local store is built under a temporary name beside ``location`` and renamed into place,
+        so a creator killed at any moment leaves either no store or a complete empty one.
         """
         location = os.fspath(location)
         try:
@@ -264,67 +436,42 @@ class EpisodeStore:
         for key in features:
             if not key or "/" in key or key.startswith("."):
                 raise StoreError(f"{location}: invalid feature key {key!r}")
-        zstore = _open_zarr_store(location, read_only=False)
-        if (
-            not overwrite
-            and not _is_url(location)
-            and Path(location).exists()
-            and any(Path(location).iterdir())
-        ):
-            raise StoreError(f"{location}: already exists (open it, or pass overwrite=True)")
-        try:
-            root = zarr.open_group(zstore, mode="w" if overwrite else "w-", zarr_format=3)
-        except FileExistsError:
-            raise StoreError(f"{location}: already exists (open it, or pass overwrite=True)") from None
-        data = root.create_group("data")
-        meta = root.create_group("meta")
-        for key, spec in features.items():
-            if spec.kind == "image":
-                data.create_array(
-                    key,
-                    shape=(0,),
-                    chunks=(1,),
-                    shards=(int(image_shard_frames),),
-                    dtype=VariableLengthBytes(),
-                    compressors=None,
-                    attributes={"codec": codec, "codec_options": options, "frame_shape": list(spec.shape)},
+        layout = (features, codec, options, int(image_shard_frames))
+        local = _local_path(location)
+        if local is None:
+            # Remote stores cannot be renamed atomically; a creation killed half-way is cleared by
+            # `demoscale store repair` (documented in datasets/README.md).
+            zstore = _open_zarr_store(location, read_only=False)
+            try:
+                root = zarr.open_group(zstore, mode="w" if overwrite else "w-", zarr_format=3)
+            except FileExistsError:
+                raise StoreError(f"{location}: already exists (open it, or pass overwrite=True)") from None
+            _build_layout(root, *layout)
+            return cls(root, location, writable=True)
+        with writer_lock(location, lock_timeout, what="create"):
+            if not overwrite and local.exists() and (not local.is_dir() or any(local.iterdir())):
+                raise StoreError(f"{location}: already exists (open it, or pass overwrite=True)")
+            _remove_unfinished_creations(local)
+            scratch = local.with_name(f".{local.name}.creating-{os.getpid()}-{uuid.uuid4().hex[:8]}")
+            replaced = None
+            try:
+                _build_layout(
+                    zarr.open_group(zarr.storage.LocalStore(scratch), mode="w-", zarr_format=3), *layout
                 )
-            else:
-                frame_bytes = max(1, _frame_nbytes(spec))
-                frames_per_chunk = max(1, _CHUNK_BYTES // frame_bytes)
-                shards = None
-                if frames_per_chunk < 64:
-                    # Large frames (point clouds): 1 frame per inner chunk, many frames per file.
-                    shards = (max(1, (16 * _CHUNK_BYTES) // frame_bytes), *spec.shape)
-                    frames_per_chunk = 1
-                data.create_array(
-                    key,
-                    shape=(0, *spec.shape),
-                    chunks=(frames_per_chunk, *spec.shape),
-                    shards=shards,
-                    dtype=spec.dtype,
-                    fill_value=0,
-                )
-        # Fill 0 marks an entry whose chunk was never written: never a valid (positive) episode end.
-        meta.create_array("episode_ends", shape=(0,), chunks=(_META_CHUNK,), dtype="int64", fill_value=0)
-        for column in STRING_COLUMNS:
-            meta.create_array(column, shape=(0,), chunks=(_META_CHUNK,), dtype=VariableLengthUTF8())
-        meta.create_array("length", shape=(0,), chunks=(_META_CHUNK,), dtype="int64", fill_value=0)
-        meta.create_array(
-            "success", shape=(0,), chunks=(_META_CHUNK,), dtype="int8", fill_value=SUCCESS_UNKNOWN
-        )
-        root.attrs.update(
-            {
-                "format": FORMAT_NAME,
-                "version": FORMAT_VERSION,
-                "features": {k: v.to_dict() for k, v in features.items()},
-                "image_codec": codec,
-                "image_codec_options": options,
-                "success_encoding": "int8: 1 success, 0 failure, -1 unknown",
-                "tags_encoding": "comma-separated",
-            }
-        )
-        return cls(root, location, writable=True)
+                if local.is_dir() and any(local.iterdir()):
+                    replaced = local.with_name(f".{local.name}.replaced-{uuid.uuid4().hex[:8]}")
+                    os.rename(local, replaced)
+                elif local.is_dir():
+                    local.rmdir()
+                elif local.exists():
+                    raise StoreError(f"{location}: exists and is not a directory")
+                os.rename(scratch, local)  # the creation's one visible step
+            finally:
+                shutil.rmtree(scratch, ignore_errors=True)
+                if replaced is not None:
+                    shutil.rmtree(replaced, ignore_errors=True)
+            root = zarr.open_group(zarr.storage.LocalStore(local), mode="r+", zarr_format=3)
+            return cls(root, location, writable=True)
 
     @classmethod
     def open(cls, location: str | os.PathLike[str], mode: Literal["r", "a"] = "r") -> EpisodeStore:
@@ -362,9 +509,12 @@ class EpisodeStore:
                 store = cls.open(location, mode="a")
             except StoreError:
                 return cls.create(location, features, image_codec, image_codec_options, image_shard_frames)
-        elif not Path(location).exists() or not any(Path(location).iterdir()):
-            return cls.create(location, features, image_codec, image_codec_options, image_shard_frames)
         else:
+            with writer_lock(location, what="create"):  # no other creator between the check and the creation
+                if not Path(location).exists() or not any(Path(location).iterdir()):
+                    return cls.create(
+                        location, features, image_codec, image_codec_options, image_shard_frames
+                    )
             store = cls.open(location, mode="a")
         wanted = {
             k: (v if isinstance(v, FeatureSpec) else FeatureSpec.from_dict(v)) for k, v in features.items()
@@ -378,10 +528,15 @@ class EpisodeStore:
         return store
 
     # ------------------------------------------------------------------ state
+    def _for_writing(self, array: zarr.Array) -> zarr.Array:
+        # Write every chunk, even one equal to the fill value: a chunk file that is missing is then
+        # always damage, never "all zeros" (validate relies on it).
+        return array.with_config({"write_empty_chunks": True}) if self.writable else array
+
     def _array(self, path: str) -> zarr.Array:
         if path not in self._arrays:
             try:
-                self._arrays[path] = self._root[path]
+                self._arrays[path] = self._for_writing(self._root[path])
             except KeyError:
                 raise StoreError(f"{self.location}: missing array {path}") from None
         return self._arrays[path]
@@ -389,17 +544,38 @@ class EpisodeStore:
     def _reload_array(self, path: str) -> zarr.Array:
         self._arrays.pop(path, None)
         try:
-            self._arrays[path] = zarr.open_array(
-                self._root.store, path=path, mode="r+" if self.writable else "r"
-            )
-        except Exception:
+            array = zarr.open_array(self._root.store, path=path, mode="r+" if self.writable else "r")
+        except (FileNotFoundError, KeyError):
             raise StoreError(f"{self.location}: missing array {path}") from None
+        except Exception as error:  # zarr raises several types for damaged metadata
+            raise StoreError(
+                f"{self.location}: array {path} cannot be opened (damaged zarr.json?): {type(error).__name__}: {error}"
+            ) from None
+        self._arrays[path] = self._for_writing(array)
         return self._arrays[path]
+
+    def _read_column(self, path: str, stop: int | None = None) -> np.ndarray:
+        """A metadata array (or its first ``stop`` rows), with a clear error for a damaged chunk."""
+        array = self._array(path)
+        try:
+            return np.asarray(array[:stop] if stop is not None else array[:])
+        except Exception as error:
+            hint = (
+                "its chunk files under meta/episode_ends/c/ are damaged: the committed episodes are unknown"
+                if path == "meta/episode_ends"
+                else "a damaged chunk? `demoscale store validate` names the file"
+            )
+            raise StoreError(
+                f"{self.location}: {path} cannot be read ({hint}): {type(error).__name__}: {error}"
+            ) from None
+
+    def _read_ends(self) -> np.ndarray:
+        self._reload_array("meta/episode_ends")
+        return np.asarray(self._read_column("meta/episode_ends"), dtype=np.int64)
 
     def _committed(self) -> _Committed:
         """Find the committed episodes: the longest valid prefix of ``meta/episode_ends``."""
-        ends_array = self._reload_array("meta/episode_ends")
-        ends = np.asarray(ends_array[:], dtype=np.int64)
+        ends = self._read_ends()
         not_increasing = np.flatnonzero(np.diff(np.concatenate([[0], ends])) <= 0)
         n = int(not_increasing[0]) if len(not_increasing) else len(ends)
         notes = []
@@ -435,7 +611,7 @@ class EpisodeStore:
         self._sources: set[str] | None = None
 
     def _refresh_if_changed(self) -> None:
-        ends = np.asarray(self._reload_array("meta/episode_ends")[:], dtype=np.int64)
+        ends = self._read_ends()
         if len(ends) != self.n_episodes or not np.array_equal(ends, self._episode_ends):
             self._refresh()
 
@@ -456,8 +632,8 @@ class EpisodeStore:
 
     @property
     def episode_starts(self) -> np.ndarray:
-        """First frame of each committed episode."""
-        return np.concatenate([[0], self._episode_ends[:-1]]).astype(np.int64)
+        """First frame of each committed episode (empty for an empty store)."""
+        return np.concatenate([[0], self._episode_ends]).astype(np.int64)[:-1]
 
     @property
     def episodes(self) -> pd.DataFrame:
@@ -468,13 +644,13 @@ class EpisodeStore:
                 "episode_index": np.arange(n, dtype=np.int64),
                 "start": self.episode_starts,
                 "end": self.episode_ends,
-                "length": np.asarray(self._array("meta/length")[:n], dtype=np.int64),
+                "length": np.asarray(self._read_column("meta/length", n), dtype=np.int64),
             }
             for column in ("env_id", "object_id", "task", "operator", "source", "source_sha256", "tags"):
-                values = self._array(f"meta/{column}")[:n] if n else []
+                values = self._read_column(f"meta/{column}", n) if n else []
                 columns[column] = pd.array([str(v) for v in values], dtype=object)
             success = (
-                np.asarray(self._array("meta/success")[:n], dtype=np.int8) if n else np.zeros(0, np.int8)
+                np.asarray(self._read_column("meta/success", n), dtype=np.int8) if n else np.zeros(0, np.int8)
             )
             columns["success"] = pd.array(
                 [None if s == SUCCESS_UNKNOWN else bool(s) for s in success], dtype="boolean"
@@ -501,7 +677,9 @@ class EpisodeStore:
     def _source_hashes(self) -> set[str]:
         if self._sources is None:
             n = self.n_episodes
-            self._sources = {str(v) for v in self._array("meta/source_sha256")[:n]} - {""} if n else set()
+            self._sources = (
+                {str(v) for v in self._read_column("meta/source_sha256", n)} - {""} if n else set()
+            )
         return self._sources
 
     def has_source(self, source_sha256: str) -> bool:
@@ -535,7 +713,8 @@ class EpisodeStore:
             if stop == start:
                 return np.empty((0, *spec.shape), dtype=np.uint8)
             return self._decode_images(key, self._read_encoded_frames(key, np.arange(start, stop)))
-        return np.asarray(self._array(f"data/{key}")[start:stop])
+        with self._reading(key, slice(start, stop)):
+            return np.asarray(self._array(f"data/{key}")[start:stop])
 
     def read_encoded(self, key: str, start: int, stop: int) -> list[bytes]:
         """The stored (encoded) bytes of image frames ``start:stop`` of ``key``."""
@@ -561,10 +740,11 @@ class EpisodeStore:
             encoded = self._read_encoded_frames(key, unique)
             return self._decode_images(key, encoded[inverse])
         array = self._array(f"data/{key}")
-        if len(unique) == unique[-1] - unique[0] + 1:
-            raw = array[int(unique[0]) : int(unique[-1]) + 1]  # contiguous: a plain slice is cheapest
-        else:
-            raw = array.get_orthogonal_selection(unique)
+        with self._reading(key, unique):
+            if len(unique) == unique[-1] - unique[0] + 1:
+                raw = array[int(unique[0]) : int(unique[-1]) + 1]  # contiguous: a plain slice is cheapest
+            else:
+                raw = array.get_orthogonal_selection(unique)
         return np.asarray(raw)[inverse]
 
     def _read_encoded_frames(self, key: str, frames: np.ndarray) -> np.ndarray:
@@ -581,9 +761,27 @@ class EpisodeStore:
                 out[:] = found
                 return out
         array = self._array(f"data/{key}")
-        if len(frames) == frames[-1] - frames[0] + 1:
-            return array[int(frames[0]) : int(frames[-1]) + 1]
-        return array.get_orthogonal_selection(frames)
+        with self._reading(key, frames):
+            if len(frames) == frames[-1] - frames[0] + 1:
+                return array[int(frames[0]) : int(frames[-1]) + 1]
+            return array.get_orthogonal_selection(frames)
+
+    @contextmanager
+    def _reading(self, key: str, frames: np.ndarray | slice) -> Iterator[None]:
+        """Turn zarr's errors for damaged chunks (checksums, truncated files) into a StoreError."""
+        try:
+            yield
+        except StoreError:
+            raise
+        except Exception as error:
+            if isinstance(frames, slice):
+                span = f"{frames.start}:{frames.stop}"
+            else:
+                span = f"{int(frames[0])}..{int(frames[-1])}" if len(frames) else "-"
+            raise StoreError(
+                f"{self.location}: data/{key} frames {span} cannot be read (damaged chunk? "
+                f"`demoscale store validate --deep` locates it): {type(error).__name__}: {error}"
+            ) from None
 
     def episode(self, index: int) -> dict[str, np.ndarray]:
         """All keys of one committed episode, decoded."""
@@ -686,23 +884,50 @@ class EpisodeStore:
         ``data`` maps every feature key to a time-major array (images uint8); ``encoded`` may give image
         keys as already-encoded frames in the store's codec, copied as they are. The input is checked
         completely before anything is written; a failed check raises StoreError and changes nothing.
-        The episode becomes visible only when ``meta/episode_ends`` is written, last.
+        The episode becomes visible only when ``meta/episode_ends`` is written, last; inside a
+        :meth:`transaction`, only when the transaction commits. Runs under the writer lock.
         """
         where = f"{self.location}: episode from {source or '<unnamed source>'}"
         if not self.writable:
             raise StoreError(f"{self.location}: opened read-only; open with mode='a' to append")
         encoded = dict(encoded or {})
         length, arrays = self._validate_episode(data, encoded, where)
-        self._refresh_if_changed()  # another writer may have appended since we opened
-        if source_sha256 and self.has_source(source_sha256):
+        row: dict[str, Any] = {
+            "env_id": _as_str(env_id),
+            "object_id": _as_str(object_id),
+            "task": _as_str(task),
+            "operator": _as_str(operator),
+            "source": _as_str(source),
+            "source_sha256": _as_str(source_sha256),
+            "tags": tags if isinstance(tags, str) else ",".join(str(t) for t in tags),
+            "length": length,
+            "success": SUCCESS_UNKNOWN if success is None else int(bool(success)),
+        }
+        if self._staged is not None:
+            return self._write_episode(length, arrays, encoded, row, where)
+        with writer_lock(self.location, what="append to"):
+            self._refresh_if_changed()  # another writer may have appended since we opened
+            return self._write_episode(length, arrays, encoded, row, where)
+
+    def _write_episode(
+        self,
+        length: int,
+        arrays: dict[str, np.ndarray],
+        encoded: dict[str, Sequence[bytes]],
+        row: dict[str, Any],
+        where: str,
+    ) -> int | None:
+        """Write one checked episode (the caller holds the writer lock); stage it inside a transaction."""
+        staged = self._staged
+        digest = row["source_sha256"]
+        if digest and (self.has_source(digest) or (staged is not None and digest in staged.hashes)):
             logger.warning(
                 "%s: source %s (sha256 %s) is already in the store; skipped",
                 self.location,
-                source,
-                source_sha256,
+                row["source"],
+                digest,
             )
             return None
-        tag_text = tags if isinstance(tags, str) else ",".join(str(t) for t in tags)
         # Encode before touching the store, so an encoder failure leaves it as it was.
         blobs: dict[str, np.ndarray] = {}
         for key, spec in self.features.items():
@@ -723,19 +948,9 @@ class EpisodeStore:
             blobs[key] = blob
 
         self._clean_partial_files()
-        n_episodes, start = self.n_episodes, self.n_frames
+        n_episodes = self.n_episodes + (len(staged.ends) if staged is not None else 0)
+        start = staged.ends[-1] if staged is not None and staged.ends else self.n_frames
         stop = start + length
-        row: dict[str, Any] = {
-            "env_id": _as_str(env_id),
-            "object_id": _as_str(object_id),
-            "task": _as_str(task),
-            "operator": _as_str(operator),
-            "source": _as_str(source),
-            "source_sha256": _as_str(source_sha256),
-            "tags": tag_text,
-            "length": length,
-            "success": SUCCESS_UNKNOWN if success is None else int(bool(success)),
-        }
         writes = [
             (
                 self._array(f"data/{key}"),
@@ -750,15 +965,126 @@ class EpisodeStore:
             for c, v in row.items()
         ]
         _sync(_resize_and_write_all(writes))
+        if staged is not None:
+            staged.ends.append(stop)
+            if digest:
+                staged.hashes.add(digest)
+            return n_episodes
         # Commit point, strictly after the writes above: one atomic chunk write of meta/episode_ends.
+        self._commit_ends([stop], {digest} - {""})
+        return n_episodes
+
+    def _commit_ends(self, new_ends: list[int], hashes: set[str]) -> None:
+        """Make episodes visible: write their ``meta/episode_ends`` entries, the commit point.
+
+        Several entries may span chunks of ``episode_ends``; the chunks are written from the last to
+        the first, so until the first (which extends the valid prefix) is written, readers see none
+        of the new episodes: a batch becomes visible all at once.
+        """
         ends = self._array("meta/episode_ends")
-        _sync(_resize_and_write_all([(ends, n_episodes + 1, slice(n_episodes, n_episodes + 1), [stop])]))
-        self._episode_ends = np.append(self._episode_ends, np.int64(stop))
+        n = self.n_episodes
+        total = n + len(new_ends)
+        values = np.asarray(new_ends, dtype=np.int64)
+        chunk = int(ends.chunks[0])
+        _sync(ends.async_array.resize((total,)))
+        pieces = []
+        position = n
+        while position < total:
+            piece_end = min(total, (position // chunk + 1) * chunk)
+            pieces.append((position, piece_end))
+            position = piece_end
+        for piece_start, piece_end in reversed(pieces):
+            ends[piece_start:piece_end] = values[piece_start - n : piece_end - n]
+        self._episode_ends = np.concatenate([self._episode_ends, values])
         self._uncommitted_frames = 0
         self._episodes_df = None
-        if self._sources is not None and source_sha256:
-            self._sources.add(source_sha256)
-        return n_episodes
+        if self._sources is not None:
+            self._sources.update(hashes)
+
+    @contextmanager
+    def transaction(self, lock_timeout: float | None = None) -> Iterator[EpisodeStore]:
+        """Append a batch all-or-nothing: ``with store.transaction(): store.append_episode(...)``.
+
+        Holds the writer lock for the whole block. Appended episodes stay invisible until the block
+        ends, then one commit makes all of them visible. If the block raises (or the commit fails),
+        the store is rolled back: a local store byte for byte as it was (every file the batch could
+        touch is kept in memory beforehand and put back), a remote one to its committed lengths. A
+        process killed inside the block leaves the old episodes and an invisible uncommitted tail
+        that the next writer overwrites, as with single appends.
+        """
+        if not self.writable:
+            raise StoreError(f"{self.location}: opened read-only; open with mode='a' to append")
+        if self._staged is not None:
+            raise StoreError(f"{self.location}: a transaction is already open on this handle")
+        with writer_lock(self.location, lock_timeout, what="append to"):
+            self._refresh()
+            self._clean_partial_files()
+            journal = self._journal()
+            self._staged = _Staged()
+            try:
+                yield self
+                staged = self._staged
+                if staged.ends:
+                    self._commit_ends(staged.ends, staged.hashes)
+            except BaseException:
+                self._staged = None
+                self._rollback(journal)
+                raise
+            finally:
+                self._staged = None
+
+    def _array_paths(self) -> list[str]:
+        return [f"data/{key}" for key in self.features] + [
+            f"meta/{c}" for c in (*META_COLUMNS, "episode_ends")
+        ]
+
+    def _journal(self) -> dict[str, tuple[bytes, dict[str, bytes], int]] | None:
+        """For each array: its metadata file and every chunk file a batch could write (local stores).
+
+        Appends write from the committed length on, so only the file holding that position and any
+        files after it (an uncommitted tail) can change; everything before is left alone.
+        """
+        local = _local_path(self.location)
+        if local is None:
+            return None
+        journal = {}
+        for path in self._array_paths():
+            array = self._array(path)
+            committed = self.n_frames if path.startswith("data/") else self.n_episodes
+            first = committed // int(array.metadata.chunk_grid.chunk_shape[0])
+            folder = local / path
+            saved: dict[str, bytes] = {}
+            for entry in _time_chunk_entries(folder / "c", first):
+                files = [entry] if entry.is_file() else sorted(f for f in entry.rglob("*") if f.is_file())
+                for file in files:
+                    saved[str(file.relative_to(folder))] = file.read_bytes()
+            journal[path] = ((folder / "zarr.json").read_bytes(), saved, first)
+        return journal
+
+    def _rollback(self, journal: dict[str, tuple[bytes, dict[str, bytes], int]] | None) -> None:
+        """Undo an unfinished batch (the writer lock is held)."""
+        local = _local_path(self.location)
+        if journal is not None and local is not None:
+            for path, (metadata, saved, first) in journal.items():
+                folder = local / path
+                for entry in _time_chunk_entries(folder / "c", first):
+                    if entry.is_dir():
+                        shutil.rmtree(entry)
+                    else:
+                        entry.unlink()
+                for relative, content in saved.items():
+                    _write_atomically(folder / relative, content)
+                _write_atomically(folder / "zarr.json", metadata)
+        else:
+            committed = self.n_frames
+            for path in self._array_paths():
+                array = self._array(path)
+                length = committed if path.startswith("data/") else self.n_episodes
+                if array.shape[0] > length:
+                    array.resize((length, *array.shape[1:]))
+        self._arrays.clear()
+        self._shard_readers.clear()
+        self._refresh()
 
     # ------------------------------------------------------------------ statistics
     def stats(self, key: str) -> dict[str, np.ndarray]:
@@ -785,27 +1111,27 @@ class EpisodeStore:
 
     def _persist_stats(self, key: str, entry: dict[str, Any]) -> None:
         """Cache statistics in the root attributes: always when writable; for a read-only handle on a
-        local directory we may write to, too (the one write a reader makes; losing it only costs a
-        recomputation, so failures are ignored)."""
-        root = self._root
-        if not self.writable:
-            local = not _is_url(self.location) and not self.location.endswith(".zip")
-            if not (
-                local
-                and os.access(self.location, os.W_OK)
-                and os.access(Path(self.location) / "zarr.json", os.W_OK)
-            ):
+        local directory we may write to, too (the one write a reader makes). Losing the cache only
+        costs a recomputation, so it is skipped while another process holds the writer lock, and
+        failures are ignored."""
+        local = _local_path(self.location)
+        if not self.writable and not (
+            local is not None and os.access(local, os.W_OK) and os.access(local / "zarr.json", os.W_OK)
+        ):
+            return
+        with try_writer_lock(self.location) as locked:
+            if not locked:
                 return
             try:
-                root = zarr.open_group(zarr.storage.LocalStore(self.location), mode="r+")
-            except Exception:
+                # Re-read the attributes under the lock: another process may have cached other keys.
+                root = zarr.open_group(
+                    self._root.store if self.writable else zarr.storage.LocalStore(local), mode="r+"
+                )
+                all_stats = dict(root.attrs.get("stats", {}))
+                all_stats[key] = entry
+                root.attrs["stats"] = all_stats
+            except Exception:  # a cache write must never fail a read
                 return
-        try:
-            all_stats = dict(root.attrs.get("stats", {}))
-            all_stats[key] = entry
-            root.attrs["stats"] = all_stats
-        except OSError:
-            pass
 
     def _stats_shape(self, spec: FeatureSpec) -> tuple[int, ...]:
         return spec.shape[-1:] if spec.kind == "point_cloud" else spec.shape
@@ -886,8 +1212,47 @@ class EpisodeStore:
         return result
 
     # ------------------------------------------------------------------ checks and summaries
-    def validate(self) -> None:
-        """Check every invariant of the store; raise StoreError naming the key and episode at fault."""
+    def _file_size(self, key: str) -> int | None:
+        """Size of one file of the store (``data/x/c/0``), None if it does not exist."""
+        local = _local_path(self.location)
+        if local is not None:
+            try:
+                return (local / key).stat().st_size
+            except FileNotFoundError:
+                return None
+        try:
+            return int(_sync(self._root.store.getsize(key)))
+        except (FileNotFoundError, KeyError):
+            return None
+
+    def _read_file(self, key: str, suffix: int | None = None) -> bytes:
+        """The bytes of one file of the store, or only its last ``suffix`` bytes."""
+        local = _local_path(self.location)
+        if local is not None:
+            with open(local / key, "rb") as handle:
+                if suffix is not None:
+                    handle.seek(-suffix, os.SEEK_END)
+                return handle.read()
+        from zarr.abc.store import SuffixByteRequest
+        from zarr.core.buffer import default_buffer_prototype
+
+        request = SuffixByteRequest(suffix) if suffix is not None else None
+        buffer = _sync(self._root.store.get(key, prototype=default_buffer_prototype(), byte_range=request))
+        if buffer is None:
+            raise StoreError(f"{self.location}: {key} is missing")
+        return buffer.to_bytes()
+
+    def validate(self, deep: bool = False, progress: bool = False) -> None:
+        """Check every invariant of the store; raise StoreError naming the key and episode at fault.
+
+        Always: the format attributes, ``episode_ends``, every array's length, shape and dtype, the
+        metadata columns, and the presence and sizes of every chunk file of committed data (see
+        ``datasets/integrity.py``), plus decoding the first and last frame of every image key.
+        ``deep=True`` also reads every committed value: every image frame decoded, every numeric
+        chunk decompressed (``progress`` shows a bar).
+        """
+        from demoscale.datasets.integrity import check_chunk_files, check_every_value
+
         loc = self.location
         attrs = dict(self._root.attrs)
         for name in ("format", "version", "features", "image_codec"):
@@ -923,6 +1288,7 @@ class EpisodeStore:
                 raise StoreError(
                     f"{loc}: meta/{column} has {self._array(f'meta/{column}').shape[0]} rows for {n} episodes"
                 )
+        check_chunk_files(self)  # before reading the columns, so that damage is named by its file
         if n == 0:
             return
         frame = self.episodes
@@ -937,7 +1303,7 @@ class EpisodeStore:
             empty = np.flatnonzero(frame[column].to_numpy() == "")
             if len(empty):
                 raise StoreError(f"{loc}: episode {int(empty[0])}: empty {column}")
-        success = np.asarray(self._array("meta/success")[:n])
+        success = self._read_column("meta/success", n)
         odd = np.flatnonzero(~np.isin(success, [0, 1, SUCCESS_UNKNOWN]))
         if len(odd):
             raise StoreError(
@@ -964,6 +1330,8 @@ class EpisodeStore:
                         self.read(key, index, index + 1)
                     except StoreError as error:
                         raise StoreError(f"{loc}: data/{key} frame {index}: {error}") from None
+        if deep:
+            check_every_value(self, progress=progress)
 
     def info(self) -> dict[str, Any]:
         """A JSON-ready summary: counts, envs, objects, tasks, features, codec, uncommitted frames."""
@@ -993,6 +1361,98 @@ class EpisodeStore:
 
     def __repr__(self) -> str:
         return f"EpisodeStore({self.location!r}, n_episodes={self.n_episodes}, n_frames={self.n_frames})"
+
+
+def repair_store(location: str | os.PathLike[str], lock_timeout: float | None = None) -> list[str]:
+    """Bring a store left behind by a killed writer or creator back to a clean state.
+
+    Under the writer lock: removes scratch folders of killed creations beside the store; removes a
+    store that never got its root attributes (a creation killed by an older version) when it holds
+    no data; cuts every array back to the committed episodes (an uncommitted tail, entries after
+    the valid prefix of ``meta/episode_ends``, and committed episodes whose data is incomplete);
+    removes leftover ``*.partial`` files and statistics cached for another frame count. Returns one
+    line per action (empty when there was nothing to do).
+    """
+    location = os.fspath(location)
+    local = _local_path(location)
+    actions: list[str] = []
+    with writer_lock(location, lock_timeout, what="repair"):
+        if local is not None:
+            actions += [
+                f"removed {p.name}, left by a store creation that was killed"
+                for p in _remove_unfinished_creations(local)
+            ]
+            if not local.exists():
+                if actions:
+                    return actions
+                raise StoreError(f"{location}: no such store")
+        try:
+            root = zarr.open_group(_open_zarr_store(location, read_only=False), mode="r+")
+        except Exception as error:
+            raise StoreError(
+                f"{location}: cannot open as a zarr group ({type(error).__name__}: {error})"
+            ) from None
+        found = root.attrs.get("format")
+        if found != FORMAT_NAME:
+            if found is not None:
+                raise StoreError(f"{location}: format {found!r} is not a demoscale episode store; left alone")
+            arrays = [
+                (name, node) for name, node in root.members(max_depth=None) if isinstance(node, zarr.Array)
+            ]
+            holding = [name for name, array in arrays if array.shape and array.shape[0] > 0]
+            if holding:
+                raise StoreError(
+                    f"{location}: has no store attributes but holds data ({', '.join(sorted(holding)[:5])}); "
+                    "not removing it"
+                )
+            if local is not None:
+                shutil.rmtree(local)
+            else:
+                import fsspec
+
+                fs, path = fsspec.core.url_to_fs(location)
+                fs.rm(path, recursive=True)
+            actions.append(
+                "removed an unfinished store (created without its attributes, no data); the next ingest creates it"
+            )
+            return actions
+        store = EpisodeStore(root, location, writable=True)
+        if local is not None:
+            leftovers = list(local.rglob("*.partial"))
+            for leftover in leftovers:
+                leftover.unlink(missing_ok=True)
+            if leftovers:
+                actions.append(f"removed {len(leftovers)} temporary *.partial file(s) of a killed writer")
+        raw_ends = store._read_ends()
+        n, n_frames = store.n_episodes, store.n_frames
+        if len(raw_ends) > n:
+            valid = np.flatnonzero(np.diff(np.concatenate([[0], raw_ends])) <= 0)
+            prefix = int(valid[0]) if len(valid) else len(raw_ends)
+            if prefix > n:
+                actions.append(
+                    f"dropped episodes {n}..{prefix - 1}: committed, but their data is incomplete "
+                    f"({'; '.join(store._notes)})"
+                )
+            if len(raw_ends) > prefix:
+                actions.append(
+                    f"removed {len(raw_ends) - prefix} entries of meta/episode_ends after its valid prefix"
+                )
+        for path in store._array_paths():
+            array = store._array(path)
+            length = n_frames if path.startswith("data/") else n
+            extra = array.shape[0] - length
+            if extra > 0:
+                array.resize((length, *array.shape[1:]))
+                if path.startswith("data/"):
+                    actions.append(f"removed {extra} uncommitted frames from {path}")
+        stats = dict(root.attrs.get("stats", {}))
+        stale = sorted(key for key, entry in stats.items() if entry.get("n_frames") != n_frames)
+        if stale:
+            root.attrs["stats"] = {key: entry for key, entry in stats.items() if key not in stale}
+            actions.append(
+                f"dropped cached statistics of {', '.join(stale)} (computed on another frame count)"
+            )
+    return actions
 
 
 def _sync(coroutine: Any) -> Any:

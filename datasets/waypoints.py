@@ -26,6 +26,7 @@ from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
+from demoscale.datasets.locking import writer_lock
 
 NEXT_WAYPOINT_KEY = "next_waypoint_index"
 
@@ -350,18 +351,25 @@ def label_store_waypoints(
 
 
 def _write_next_waypoint_index(store_path: str, values: np.ndarray, parameters: dict[str, Any]) -> None:
-    from .store import EpisodeStore
+    from .store import EpisodeStore, StoreError
 
-    data = EpisodeStore.open(store_path, mode="a")._root["data"]
-    array = data.create_array(
-        NEXT_WAYPOINT_KEY,
-        shape=values.shape,
-        dtype="int64",
-        chunks=(max(1, min(len(values), 1 << 17)),),
-        overwrite=True,
-    )
-    array[:] = values
-    array.attrs["waypoint_parameters"] = parameters
+    store = EpisodeStore.open(store_path, mode="a")
+    with writer_lock(store_path, what="label waypoints in"):
+        store._refresh()
+        if store.n_frames != len(values):
+            raise StoreError(
+                f"{store_path}: episodes were appended while labelling ({store.n_frames} frames now, "
+                f"{len(values)} labelled); label again"
+            )
+        array = store._root["data"].create_array(
+            NEXT_WAYPOINT_KEY,
+            shape=values.shape,
+            dtype="int64",
+            chunks=(max(1, min(len(values), 1 << 17)),),
+            overwrite=True,
+        )
+        array[:] = values
+        array.attrs["waypoint_parameters"] = parameters
 
 
 def read_next_waypoint_index(

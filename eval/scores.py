@@ -75,15 +75,50 @@ def _parse_success(values: pd.Series, path: str) -> pd.Series:
     return pd.Series(parsed, index=values.index)
 
 
-def _numeric(frame: pd.DataFrame, column: str, path: str) -> pd.Series:
+def _numeric(
+    frame: pd.DataFrame, column: str, path: str, *, integer: bool = False, minimum: float | None = None
+) -> pd.Series:
+    """A column as finite numbers (integers, at least ``minimum``, when asked); errors name the row."""
     values = pd.to_numeric(frame[column], errors="coerce")
-    bad = values.isna()
-    if bad.any():
-        row = int(np.flatnonzero(bad.to_numpy())[0])
-        raise ScoreFileError(
-            f"{path}: column {column!r}, row {row + 2}: {frame[column].iloc[row]!r} is not a number"
-        )
+    checks = [
+        (values.isna(), "is not a number"),
+        (~np.isfinite(values.fillna(0).to_numpy(dtype=float)), "is not a finite number"),
+    ]
+    if integer:
+        checks.append((values.fillna(0) != np.round(values.fillna(0)), "is not a whole number"))
+    if minimum is not None:
+        checks.append((values.fillna(minimum) < minimum, f"is below {minimum:g}"))
+    for bad, problem in checks:
+        bad = np.asarray(bad, dtype=bool)
+        if bad.any():
+            row = int(np.flatnonzero(bad)[0])
+            raise ScoreFileError(
+                f"{path}: column {column!r}, row {row + 2}: {frame[column].iloc[row]!r} {problem}"
+            )
     return values
+
+
+# A cell a spreadsheet would run as a formula when results.csv is opened (CSV injection).
+_FORMULA_START = ("=", "+", "-", "@", "\t", "\r")
+
+
+def escape_formula(value: object) -> object:
+    """Prefix ``'`` to a text cell that a spreadsheet would treat as a formula (numbers pass)."""
+    if not isinstance(value, str) or not value.startswith(_FORMULA_START):
+        return value
+    try:
+        float(value)
+        return value  # "-1.5" is a number, not a formula
+    except ValueError:
+        return "'" + value
+
+
+def _escaped(frame: pd.DataFrame) -> pd.DataFrame:
+    out = frame.copy()
+    for column in out.columns:
+        if out[column].dtype == object or pd.api.types.is_string_dtype(out[column]):
+            out[column] = out[column].map(escape_formula)
+    return out
 
 
 def read_score_file(path: str | os.PathLike) -> pd.DataFrame:
@@ -91,7 +126,12 @@ def read_score_file(path: str | os.PathLike) -> pd.DataFrame:
     path = str(path)
     if not os.path.exists(path):
         raise ScoreFileError(f"score file {path} does not exist")
-    frame = pd.read_csv(path, dtype=str, keep_default_na=False)
+    try:
+        frame = pd.read_csv(path, dtype=str, keep_default_na=False)
+    except pd.errors.EmptyDataError:
+        raise ScoreFileError(f"{path}: empty file (expected a CSV header and one row per rollout)") from None
+    except (UnicodeDecodeError, pd.errors.ParserError, ValueError) as error:
+        raise ScoreFileError(f"{path}: not a CSV text file ({type(error).__name__}: {error})") from None
     if frame.empty:
         raise ScoreFileError(f"{path}: no rows")
     missing = [c for c in REQUIRED if c not in frame.columns]
@@ -102,8 +142,20 @@ def read_score_file(path: str | os.PathLike) -> pd.DataFrame:
     stage_columns = sorted((c for c in frame.columns if _STAGE.match(c)), key=lambda c: int(c.split("_")[1]))
     if "score" not in frame.columns and not stage_columns:
         raise ScoreFileError(f"{path}: needs a 'score' column or 'stage_<k>' columns")
-    for column in ("n_envs", "n_objects", "demos_per_pair"):
-        frame[column] = _numeric(frame, column, path)
+    for column in ("n_envs", "n_objects"):
+        frame[column] = _numeric(frame, column, path, integer=True, minimum=1)
+    frame["demos_per_pair"] = _numeric(frame, "demos_per_pair", path)
+    if (frame["demos_per_pair"] <= 0).any():
+        row = int(np.flatnonzero((frame["demos_per_pair"] <= 0).to_numpy())[0])
+        raise ScoreFileError(f"{path}: column 'demos_per_pair', row {row + 2}: must be positive")
+    for column in ("run_id", "env_id", "object_id"):
+        empty = (frame[column].str.strip() == "").to_numpy()
+        if empty.any():
+            raise ScoreFileError(f"{path}: column {column!r}, row {int(np.flatnonzero(empty)[0]) + 2}: empty")
+    for column, minimum in (("n_pairs", 1), ("total_demos", 1), ("train_steps", 0)):
+        if column in frame.columns:  # optional: empty cells take the default
+            filled = frame[column].where(frame[column].str.strip() != "", str(minimum))
+            _numeric(frame.assign(**{column: filled}), column, path, integer=True, minimum=minimum)
     stages = {c: _numeric(frame, c, path) for c in stage_columns}
     raw = _numeric(frame, "score", path) if "score" in frame.columns else sum(stages.values())
     if "max_score" in frame.columns:
@@ -127,16 +179,16 @@ def read_score_file(path: str | os.PathLike) -> pd.DataFrame:
         {
             "trial_id": frame["run_id"].astype(str),
             "rollout_index": (
-                _numeric(frame, "rollout_index", path).astype(int)
+                _numeric(frame, "rollout_index", path, integer=True, minimum=0).astype(int)
                 if "rollout_index" in frame.columns
                 else frame.groupby("run_id").cumcount()
             ),
             "env_id": frame["env_id"].astype(str),
             "object_id": frame["object_id"].astype(str),
-            "seed": _numeric(frame, "seed", path).astype(int) if "seed" in frame.columns else 0,
+            "seed": _numeric(frame, "seed", path, integer=True).astype(int) if "seed" in frame.columns else 0,
             "score": score.astype(float),
             "success": success.astype(bool),
-            "steps": _numeric(frame, "steps", path) if "steps" in frame.columns else np.nan,
+            "steps": _numeric(frame, "steps", path, minimum=0) if "steps" in frame.columns else np.nan,
         }
     )
     for column, values in stages.items():
@@ -229,6 +281,7 @@ def import_scores(
     if out_dir is not None:
         out = Path(out_dir)
         out.mkdir(parents=True, exist_ok=True)
-        results.to_csv(out / "results.csv", index=False)
-        rollouts.to_csv(out / "rollouts.csv", index=False)
+        # Text cells that a spreadsheet would run as formulas are written with a leading "'".
+        _escaped(results).to_csv(out / "results.csv", index=False)
+        _escaped(rollouts).to_csv(out / "rollouts.csv", index=False)
     return results, rollouts

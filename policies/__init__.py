@@ -16,6 +16,8 @@ __all__ = [
     "train",
     "TrainResult",
     "load_policy",
+    "load_checkpoint",
+    "CheckpointError",
     "Policy",
     "TemporalEnsembler",
     "DiffusionConfig",
@@ -29,6 +31,8 @@ _LAZY = {
     "train": "demoscale.policies.training",
     "TrainResult": "demoscale.policies.training",
     "load_policy": "demoscale.policies.inference",
+    "load_checkpoint": "demoscale.policies.checkpoints",
+    "CheckpointError": "demoscale.policies.checkpoints",
     "Policy": "demoscale.policies.inference",
     "TemporalEnsembler": "demoscale.policies.inference",
     "DiffusionConfig": "demoscale.policies.diffusion.config",
@@ -39,6 +43,7 @@ _LAZY = {
 }
 
 if TYPE_CHECKING:
+    from demoscale.policies.checkpoints import CheckpointError, load_checkpoint
     from demoscale.policies.data import PolicyDataModule
     from demoscale.policies.diffusion.config import DiffusionConfig
     from demoscale.policies.diffusion.model import DiffusionPolicy

@@ -48,6 +48,10 @@ class PolicyCLI(LightningCLI):
 
     def before_instantiate_classes(self) -> None:
         config = self.config[self.subcommand] if self.subcommand else self.config
+        if "weights_only" in config and config.get("weights_only") is None:
+            # Resuming (--ckpt_path) must not run code from the checkpoint: Lightning's loader then
+            # uses torch.load(weights_only=True), as load_checkpoint does (policies/checkpoints.py).
+            config["weights_only"] = True
         trainer = config["trainer"]
         if trainer.get("logger") in (None, True):
             trainer["logger"] = {

@@ -8,6 +8,7 @@ from typing import Any
 
 import numpy as np
 import torch
+from demoscale.policies.checkpoints import CheckpointError, load_checkpoint
 from demoscale.policies.config_utils import from_plain
 from demoscale.policies.lightning_module import CHECKPOINT_KEY
 
@@ -123,34 +124,42 @@ def load_policy(
 ) -> Policy:
     """Rebuild a policy from a checkpoint alone (feature spec and statistics travel inside it).
 
-    Raises ValueError for a checkpoint that is not a demoscale policy, or of a family this loader does
-    not know. Uses the EMA weights when the run kept them.
+    The file is read without running code from it (:func:`~demoscale.policies.checkpoints.load_checkpoint`).
+    Raises :class:`~demoscale.policies.checkpoints.CheckpointError` (a ``ValueError``) for a hostile or
+    damaged file, one that is not a demoscale policy, or of a family this loader does not know.
+    Uses the EMA weights when the run kept them.
     """
     path = os.fspath(checkpoint_path)
-    if not os.path.exists(path):
-        raise FileNotFoundError(f"checkpoint {path} does not exist")
-    checkpoint = torch.load(path, map_location="cpu", weights_only=False)
-    meta = checkpoint.get(CHECKPOINT_KEY) if isinstance(checkpoint, dict) else None
-    if meta is None:
-        raise ValueError(f"{path} is not a demoscale policy checkpoint (no '{CHECKPOINT_KEY}' metadata)")
+    checkpoint = load_checkpoint(path)
+    meta = checkpoint.get(CHECKPOINT_KEY)
+    if not isinstance(meta, dict):
+        raise CheckpointError(f"{path} is not a demoscale policy checkpoint (no '{CHECKPOINT_KEY}' metadata)")
     family = meta.get("family")
     if family not in SUPPORTED_FAMILIES:
-        raise ValueError(
+        raise CheckpointError(
             f"{path} holds a policy of family {family!r}; load_policy handles {list(SUPPORTED_FAMILIES)}"
         )
-    if family == "wbvima":
-        from demoscale.policies.wbvima import WBVIMAConfig, WBVIMAPolicy
+    try:
+        if family == "wbvima":
+            from demoscale.policies.wbvima import WBVIMAConfig, WBVIMAPolicy
 
-        network = WBVIMAPolicy(from_plain(WBVIMAConfig, meta["policy_config"]), meta["features"])
-    else:
-        from demoscale.policies.diffusion.config import DiffusionConfig
-        from demoscale.policies.waypoint_head import make_diffusion_policy
+            network = WBVIMAPolicy(from_plain(WBVIMAConfig, meta["policy_config"]), meta["features"])
+        else:
+            from demoscale.policies.diffusion.config import DiffusionConfig
+            from demoscale.policies.waypoint_head import make_diffusion_policy
 
-        config = from_plain(DiffusionConfig, meta["policy_config"])
-        network = make_diffusion_policy(config, meta["features"])
-    prefix = "ema.averaged." if meta.get("ema") else "policy."
-    state = {k[len(prefix) :]: v for k, v in checkpoint["state_dict"].items() if k.startswith(prefix)}
-    if not state:
-        raise ValueError(f"{path} has no weights under {prefix!r}")
-    network.load_state_dict(state, strict=True)
+            config = from_plain(DiffusionConfig, meta["policy_config"])
+            network = make_diffusion_policy(config, meta["features"])
+        prefix = "ema.averaged." if meta.get("ema") else "policy."
+        weights = checkpoint.get("state_dict")
+        state = {k[len(prefix) :]: v for k, v in (weights or {}).items() if k.startswith(prefix)}
+        if not state:
+            raise CheckpointError(f"{path} has no weights under {prefix!r}")
+        network.load_state_dict(state, strict=True)
+    except CheckpointError:
+        raise
+    except (KeyError, TypeError, ValueError, RuntimeError, AttributeError) as error:
+        raise CheckpointError(
+            f"{path}: its policy metadata or weights do not fit together ({type(error).__name__}: {error})"
+        ) from None
     return Policy(network, meta, device, num_inference_steps)

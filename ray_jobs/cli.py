@@ -38,6 +38,8 @@ def main(argv: list[str]) -> int:
     except (SweepConfigError, InfeasibleGridError, SweepError, ClusterConnectionError) as err:
         print(f"demoscale sweep: {err}", file=sys.stderr)
         return 2
+    if result.recovered:
+        print(f"recovered the rows of {len(result.recovered)} finished trial(s) from their folders")
     print(
         f"{len(result.ran)} trial(s) ran, {len(result.skipped)} already done, {len(result.failed)} failed; "
         f"results: {result.results_csv} ({len(result.results)} rows, {result.wall_time_s:.0f} s)"

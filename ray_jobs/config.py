@@ -207,9 +207,16 @@ def load_sweep_config(path: str | os.PathLike) -> SweepConfig:
     path = Path(path)
     if not path.exists():
         raise SweepConfigError(f"sweep config not found: {path}")
-    with open(path) as handle:
-        data = yaml.safe_load(handle) or {}
-    if isinstance(data, dict) and "base_dir" in data:
+    try:
+        with open(path) as handle:
+            data = yaml.safe_load(handle) or {}
+    except yaml.YAMLError as error:  # syntax errors, and tags (!!python/...) that safe loading refuses
+        raise SweepConfigError(f"{path}: not a valid sweep YAML file: {error}") from None
+    except (OSError, UnicodeDecodeError) as error:
+        raise SweepConfigError(f"{path}: cannot be read: {error}") from None
+    if not isinstance(data, dict):
+        raise SweepConfigError(f"{path}: a sweep file is a mapping of keys, not a {type(data).__name__}")
+    if "base_dir" in data:
         data["base_dir"] = str((path.parent / str(data["base_dir"])).resolve())
     return sweep_config_from_dict(data, source=str(path), base_dir=os.getcwd())
 

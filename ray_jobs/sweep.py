@@ -18,7 +18,7 @@ from demoscale.ray_jobs.cluster import ray_session
 from demoscale.ray_jobs.config import SweepConfig, load_sweep_config, sweep_config_from_dict
 from demoscale.ray_jobs.grid import plan_trials
 from demoscale.ray_jobs.results import ResultsTable
-from demoscale.ray_jobs.trial import TrialRuntime, tune_trainable
+from demoscale.ray_jobs.trial import TrialRuntime, finished_trial, tune_trainable
 
 
 class SweepError(RuntimeError):
@@ -36,6 +36,7 @@ class SweepResult:
     ran: list[str] = field(default_factory=list)
     skipped: list[str] = field(default_factory=list)
     failed: list[str] = field(default_factory=list)
+    recovered: list[str] = field(default_factory=list)  # finished, row taken from the trial's folder
     wall_time_s: float = 0.0
 
     @property
@@ -84,8 +85,9 @@ def run_sweep(
     ``config``: a ``SweepConfig``, its dict, or the path of a sweep YAML. ``address``: None or
     ``"local"`` for a private local Ray, ``"auto"``/``HOST:PORT``/``ray://HOST:PORT`` for a cluster.
     ``storage``: the output folder (path or fsspec URL), overriding ``config.output``.
-    ``resume``: run only trials without a row in the existing ``results.csv``; without it, an output
-    folder that already has results is refused. ``train_fn``/``evaluate_fn`` replace
+    ``resume``: run only trials without a row in the existing ``results.csv``, after taking the rows
+    of trials that finished but never reached the table (a driver killed in between) from their
+    folders; without it, an output folder that already has results is refused. ``train_fn``/``evaluate_fn`` replace
     ``demoscale.policies.train``/``demoscale.eval.evaluate`` (same signatures).
     Every check that can fail (config, store, feasibility of the grid, existing results) runs before
     Ray starts.
@@ -99,11 +101,20 @@ def run_sweep(
 
     table = ResultsTable(output)
     finished = table.finished_trial_ids()
-    if finished and not resume:
+    # Trials that finished while the driver was gone (killed after the trial, before its row).
+    left_behind = {
+        point["trial_id"]: done
+        for point in planned
+        if point["trial_id"] not in finished and (done := finished_trial(output, point)) is not None
+    }
+    if (finished or left_behind) and not resume:
         raise SweepError(
-            f"{output} already holds results for {len(finished)} trial(s); pass --resume (resume=True) to run "
-            "only the unfinished ones, or choose another output folder"
+            f"{output} already holds results for {len(finished | set(left_behind))} trial(s); pass --resume "
+            "(resume=True) to run only the unfinished ones, or choose another output folder"
         )
+    for trial_id, (row, rollouts) in left_behind.items():
+        table.add_trial(row, rollouts)
+        finished.add(trial_id)
     pending = [point for point in planned if point["trial_id"] not in finished]
     skipped = [point["trial_id"] for point in planned if point["trial_id"] in finished]
     _write_json(output, "sweep.yaml", yaml.safe_dump(dataclasses.asdict(config), sort_keys=False))
@@ -125,6 +136,7 @@ def run_sweep(
         ran=ran,
         skipped=skipped,
         failed=failed,
+        recovered=sorted(left_behind),
         wall_time_s=time.perf_counter() - started,
     )
 

@@ -3,6 +3,13 @@
 The trial runs inside a Ray worker. Its working folder ``<output>/trials/<trial_id>/`` is a
 function of the trial id alone, so a retried trial (Tune's ``max_failures``) and a resumed sweep
 (``--resume``) both find the checkpoints an earlier attempt wrote there and continue from the last.
+
+What a finished trial leaves there, each file written whole (temporary file + rename), in order:
+``train_result.json`` once training is done (its checkpoint, steps and metrics), then
+``rollouts.json``, then ``row.json`` last. A driver killed after a trial finished but before the
+results table got its row loses nothing: ``--resume`` takes the row from ``row.json``
+(:func:`finished_trial`), and an attempt that finds its training already done (``train_result.json``,
+or a ``last.ckpt`` already at the step budget) does not train again for nothing.
 """
 
 from __future__ import annotations
@@ -33,6 +40,11 @@ CKPT_PATH_KEY = "ckpt_path"
 LAST_CHECKPOINT = "last.ckpt"
 # How often a trial sends its training progress to the sweep's live display.
 PROGRESS_EVERY_S = 5.0
+ROW_FILE = "row.json"
+ROLLOUTS_FILE = "rollouts.json"
+TRAIN_RESULT_FILE = "train_result.json"
+# Row fields that identify the grid point a trial folder's results belong to.
+_POINT_FIELDS = ("trial_id", "policy", "n_envs", "n_objects", "demos_per_pair", "seed", "train_steps")
 
 
 @dataclass
@@ -57,6 +69,88 @@ def last_checkpoint(folder: str) -> str | None:
     """
     path = Path(folder) / "checkpoints" / LAST_CHECKPOINT
     return str(path) if path.is_file() and path.stat().st_size > 0 else None
+
+
+def _write_json(path: Path, payload: Any) -> None:
+    """Write a JSON file whole or not at all (a kill never leaves a torn file to be recovered)."""
+    temporary = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    temporary.write_text(json.dumps(payload, default=str, indent=1))
+    os.replace(temporary, path)
+
+
+def _read_json(path: Path) -> Any:
+    try:
+        return json.loads(path.read_text())
+    except (OSError, ValueError):
+        return None
+
+
+def finished_trial(output: str, point: dict[str, Any]) -> tuple[dict[str, Any], list[dict[str, Any]]] | None:
+    """(row, rollouts) a finished trial left in its folder for this grid point, or None.
+
+    A row counts only if it belongs to the same point (policy, axes, seed and step budget), so a
+    changed sweep reruns its points. Folders from before ``rollouts.json`` existed give their
+    evaluation's ``eval/rollouts.csv``.
+    """
+    folder = trial_dir(output, point["trial_id"])
+    if "://" in folder and not folder.startswith("file://"):
+        return None
+    local = Path(folder.removeprefix("file://"))
+    row = _read_json(local / ROW_FILE)
+    if not isinstance(row, dict) or any(
+        str(row.get(field)) != str(point.get(field)) for field in _POINT_FIELDS if field in point
+    ):
+        return None
+    rollouts = _read_json(local / ROLLOUTS_FILE)
+    if not isinstance(rollouts, list):
+        rollouts = []
+        legacy = local / "eval" / "rollouts.csv"
+        if legacy.exists():
+            import pandas as pd
+
+            rollouts = pd.read_csv(legacy, dtype={"env_id": str, "object_id": str}).to_dict("records")
+            for index, rollout in enumerate(rollouts):
+                rollout.setdefault("rollout_index", index)
+    return row, rollouts
+
+
+def _checkpoint_step(path: Path) -> int | None:
+    """The global step a checkpoint was saved at (read safely), or None if it cannot be read."""
+    from demoscale.policies import CheckpointError, load_checkpoint
+
+    try:
+        return int(load_checkpoint(path)["global_step"])
+    except (CheckpointError, FileNotFoundError, KeyError, TypeError, ValueError):
+        return None
+
+
+def _prepare_resume(folder: Path, max_steps: int) -> str | None:
+    """What training should resume from: ``"last"``, a step checkpoint's path, or None (from scratch).
+
+    A ``last.ckpt`` already at ``max_steps`` means training finished but its result was never
+    recorded (the attempt died in between). Resuming from it would train 0 steps and log no
+    validation metrics, so training resumes from the newest step checkpoint before the end instead
+    (resuming is exact: the same weights and metrics as an uninterrupted run); the checkpoints after
+    it are removed so that Lightning writes them again under their own names.
+    """
+    last = last_checkpoint(str(folder))
+    if last is None:
+        return None
+    step = _checkpoint_step(Path(last))
+    if step is not None and step < max_steps:
+        return "last"
+    checkpoints = folder / "checkpoints"
+    earlier = []
+    for path in checkpoints.glob("*.ckpt"):
+        if path.name != LAST_CHECKPOINT:
+            saved = _checkpoint_step(path)
+            if saved is not None and saved < max_steps:
+                earlier.append((saved, path))
+    start = max(earlier)[1] if earlier else None
+    for path in checkpoints.glob("*.ckpt"):
+        if path != start:
+            path.unlink()
+    return str(start) if start is not None else None
 
 
 def _attr(obj: Any, *names: str, default: Any = None) -> Any:
@@ -113,11 +207,31 @@ def run_trial(
     local_folder = Path(folder.removeprefix("file://"))
     if local:
         local_folder.mkdir(parents=True, exist_ok=True)
-    resume_from = last_checkpoint(str(local_folder)) if local else None
+    done = finished_trial(runtime.output, point)
+    if done is not None:  # finished in an earlier attempt whose report never reached the driver
+        row, rollouts = done
+        return {"score": float(row["score"]), "row": row, "rollouts": rollouts}
+    max_steps = int(point["train_steps"])
+    recorded = _read_json(local_folder / TRAIN_RESULT_FILE) if local else None
+    if not (
+        isinstance(recorded, dict)
+        and int(recorded.get("steps", -1)) >= max_steps
+        and Path(str(recorded.get("checkpoint_path", ""))).is_file()
+    ):
+        recorded = None
+    resume_from = None
+    if local and recorded is None:
+        resume_from = _prepare_resume(local_folder, max_steps)
     attempt = 1
     if local:
         attempt = _log_attempt(
-            local_folder, {"started": time.time(), "resume_from": resume_from, "pid": os.getpid()}
+            local_folder,
+            {
+                "started": time.time(),
+                "resume_from": last_checkpoint(str(local_folder)) if resume_from == "last" else resume_from,
+                "training_done": recorded is not None,
+                "pid": os.getpid(),
+            },
         )
 
     injected = config.fault_injection.kill_after_first_checkpoint
@@ -138,28 +252,42 @@ def run_trial(
         CKPT_DIR_KEY: folder + "/checkpoints",
     }
     if resume_from:
-        overrides[CKPT_PATH_KEY] = "last"
-    train_fn, train_kwargs = runtime.train_fn, {}
-    if train_fn is None:
-        from demoscale.policies import train as train_fn
-
-        if progress is not None:
-            from demoscale.policies.callbacks import TrainingProgress
-
-            class ProgressToSweep(TrainingProgress):
-                def report(self, snapshot: dict[str, Any]) -> None:
-                    progress(snapshot)
-
-            train_kwargs["callbacks"] = [ProgressToSweep(every_s=PROGRESS_EVERY_S)]
-    try:
-        trained = train_fn(config.resolve(policy.config), overrides=overrides, **train_kwargs)
-    except SystemExit as err:  # the Lightning CLI exits on bad arguments; fail the trial, not the worker
-        raise RuntimeError(
-            f"trial {point['trial_id']}: training with {config.resolve(policy.config)} exited ({err.code}); "
-            f"overrides: {sorted(overrides)}"
-        ) from None
-    finally:
+        overrides[CKPT_PATH_KEY] = resume_from
+    if recorded is not None:  # training finished in an earlier attempt: evaluate what it left
         stop_watching.set()
+        trained = recorded
+    else:
+        train_fn, train_kwargs = runtime.train_fn, {}
+        if train_fn is None:
+            from demoscale.policies import train as train_fn
+
+            if progress is not None:
+                from demoscale.policies.callbacks import TrainingProgress
+
+                class ProgressToSweep(TrainingProgress):
+                    def report(self, snapshot: dict[str, Any]) -> None:
+                        progress(snapshot)
+
+                train_kwargs["callbacks"] = [ProgressToSweep(every_s=PROGRESS_EVERY_S)]
+        try:
+            trained = train_fn(config.resolve(policy.config), overrides=overrides, **train_kwargs)
+        except SystemExit as err:  # the Lightning CLI exits on bad arguments; fail the trial, not the worker
+            raise RuntimeError(
+                f"trial {point['trial_id']}: training with {config.resolve(policy.config)} exited ({err.code}); "
+                f"overrides: {sorted(overrides)}"
+            ) from None
+        finally:
+            stop_watching.set()
+        if local:
+            _write_json(
+                local_folder / TRAIN_RESULT_FILE,
+                {
+                    "checkpoint_path": str(_attr(trained, "checkpoint_path")),
+                    "steps": int(_attr(trained, "steps", default=max_steps)),
+                    "samples_seen": int(_attr(trained, "samples_seen", default=0)),
+                    "metrics": dict(_attr(trained, "metrics", default={}) or {}),
+                },
+            )
     checkpoint = str(_attr(trained, "checkpoint_path"))
 
     rollouts: list[dict[str, Any]] = []
@@ -233,7 +361,9 @@ def run_trial(
         "checkpoint": checkpoint,
     }
     if local:
-        (local_folder / "row.json").write_text(json.dumps(row, default=str, indent=1))
+        # Rollouts first, the row last: a row on disk means the trial is finished and whole.
+        _write_json(local_folder / ROLLOUTS_FILE, rollouts)
+        _write_json(local_folder / ROW_FILE, row)
     return {"score": score, "row": row, "rollouts": rollouts}
 
 

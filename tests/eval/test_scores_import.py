@@ -83,3 +83,59 @@ def test_import_scores_cli_takes_the_confidence_level(tmp_path, capsys) -> None:
     row = pd.read_csv(out / "results.csv").iloc[0]
     assert row["confidence"] == 0.95
     assert (row["success_ci_low"], row["success_ci_high"]) == pytest.approx(wilson_interval(1, 3, 0.95))
+
+
+HEADER = "run_id,n_envs,n_objects,demos_per_pair,env_id,object_id,score\n"
+
+
+@pytest.mark.parametrize(
+    ("content", "message"),
+    [
+        (HEADER + "r,-2,1,10,e,o,1\n", r"column 'n_envs', row 2: '-2' is below 1"),
+        (HEADER + "r,0,1,10,e,o,1\n", r"column 'n_envs', row 2: '0' is below 1"),
+        (HEADER + "r,2.5,1,10,e,o,1\n", r"column 'n_envs', row 2: '2.5' is not a whole number"),
+        (HEADER + "r,inf,1,10,e,o,1\n", r"column 'n_envs', row 2: 'inf' is not a finite number"),
+        (HEADER + "r,1,nan,10,e,o,1\n", r"column 'n_objects', row 2: 'nan' is not a number"),
+        (HEADER + "r,1,1,inf,e,o,1\n", r"column 'demos_per_pair', row 2: 'inf' is not a finite number"),
+        (HEADER + "r,1,1,0,e,o,1\n", r"column 'demos_per_pair', row 2: must be positive"),
+        (HEADER + "r,1,1,10,e,o,inf\n", r"column 'score', row 2: 'inf' is not a finite number"),
+        (HEADER.replace("\n", ",seed\n") + "r,1,1,10,e,o,1,1e400\n", r"column 'seed', row 2"),
+        (HEADER.replace("\n", ",n_pairs\n") + "r,1,1,10,e,o,1,inf\n", r"column 'n_pairs', row 2"),
+        (HEADER + "r,1,1,10,,o,1\n", r"column 'env_id', row 2: empty"),
+        ("", r"empty file"),
+    ],
+    ids=["negative", "zero", "fractional", "inf", "nan", "inf-demos", "zero-demos", "inf-score", "huge-seed",
+         "inf-pairs", "empty-id", "empty-file"],
+)  # fmt: skip
+def test_bad_numbers_and_empty_files_are_messages(tmp_path, capsys, content, message) -> None:
+    source = tmp_path / "scores.csv"
+    source.write_text(content)
+    with pytest.raises(ScoreFileError, match=message):
+        import_scores(source)
+    assert eval_main(["import-scores", str(source), "--out", str(tmp_path / "out")]) == 2
+    assert "Traceback" not in capsys.readouterr().err and not (tmp_path / "out").exists()
+
+
+def test_random_bytes_are_a_message(tmp_path, capsys) -> None:
+    source = tmp_path / "scores.csv"
+    source.write_bytes(bytes(range(256)) * 8)
+    assert eval_main(["import-scores", str(source), "--out", str(tmp_path / "out")]) == 2
+    assert "not a CSV text file" in capsys.readouterr().err
+
+
+def test_formula_cells_are_escaped_in_the_written_tables(tmp_path) -> None:
+    source = tmp_path / "scores.csv"
+    source.write_text(
+        "run_id,n_envs,n_objects,demos_per_pair,env_id,object_id,score,policy,checkpoint\n"
+        '"=HYPERLINK(""http://x"")",1,1,10,+cmd,@SUM(A1),0.5,-1+1,-2.5\n'
+    )
+    import_scores(source, tmp_path / "out")
+    results = (tmp_path / "out" / "results.csv").read_text()
+    rollouts = (tmp_path / "out" / "rollouts.csv").read_text()
+    assert "'=HYPERLINK" in results and "'-1+1" in results and ",-2.5" in results  # a number stays a number
+    assert "'+cmd" in rollouts and "'@SUM(A1)" in rollouts
+    for text in (results, rollouts):
+        cells = [cell for line in text.splitlines()[1:] for cell in line.split(",")]
+        assert not [
+            cell for cell in cells if cell and (cell[0] in "=+@" or (cell[0] == "-" and cell != "-2.5"))
+        ]
