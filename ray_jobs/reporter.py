@@ -161,7 +161,8 @@ class LiveTable(Callback):
             self.live.update(self._render())
             return
         now = time.perf_counter()
-        if now - self._progress_printed.get(name, -math.inf) >= self.progress_every_s:
+        # Throttled, except the report of a finished training, which every trial prints once.
+        if progress.get("done") or now - self._progress_printed.get(name, -math.inf) >= self.progress_every_s:
             self._progress_printed[name] = now
             print(f"{name}: training {format_progress(progress)}", file=self.stream, flush=True)
 
