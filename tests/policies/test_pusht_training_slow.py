@@ -28,8 +28,9 @@ def test_pusht_config_validation_loss_falls_on_real_demonstrations(tmp_path, pus
     ingest_replay_buffer(
         pusht_replay_path, store, task="pusht", max_episodes=N_EPISODES, workers=2, progress=False
     )
-    # configs/pusht.yaml as shipped, made small enough for a few hundred CPU steps: narrower U-Net and
-    # a batch of 32; backbone, crops, horizons and scheduler are the config's own.
+    # configs/pusht.yaml as shipped, made small enough for a few hundred CPU steps: narrower U-Net, a
+    # batch of 32, fp32 (the config's bf16 is for GPUs); backbone, crops, horizons and scheduler are
+    # the config's own.
     result = train(
         REPO_ROOT / "configs/pusht.yaml",
         {
@@ -42,6 +43,7 @@ def test_pusht_config_validation_loss_falls_on_real_demonstrations(tmp_path, pus
             "model.init_args.optimizer.lr": 3e-4,
             "model.init_args.optimizer.warmup_steps": 20,
             "trainer.accelerator": "cpu",
+            "trainer.precision": "32-true",
             "trainer.max_steps": 300,
             "trainer.val_check_interval": 50,
             "trainer.limit_val_batches": 6,
