@@ -63,6 +63,9 @@ class FeatureSpec:
 
     ``kind`` is ``"image"`` (uint8 HxW, HxWx1, HxWx3 or HxWx4, stored compressed per frame),
     ``"low_dim"`` (a small numeric vector) or ``"point_cloud"`` (N points x channels).
+    ``source`` (optional, JSON-ready) says what produced the key, e.g. for a simulated camera
+    ``{"task": "reach", "camera": "scene", "image_size": 64, "env_options": {"cameras": ["scene"]}}``;
+    None where unknown (stores written before it existed, data that did not record it).
     """
 
     kind: Literal["image", "low_dim", "point_cloud"]
@@ -71,6 +74,7 @@ class FeatureSpec:
     rate_hz: float | None = None
     units: str = ""
     frame: str = ""
+    source: Mapping[str, Any] | None = field(default=None, compare=True, hash=False)
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "shape", tuple(int(s) for s in self.shape))

@@ -33,7 +33,11 @@ def _eval_parser() -> argparse.ArgumentParser:
         "and a few videos. 'demoscale eval import-scores --help' imports real-robot score files.",
     )
     parser.add_argument("policy", help="checkpoint path, or 'expert' for the task's scripted expert")
-    parser.add_argument("--task", required=True, help=f"one of: {', '.join(task_names())}")
+    parser.add_argument(
+        "--task",
+        default=None,
+        help=f"one of: {', '.join(task_names())} (default: the task the checkpoint's data recorded)",
+    )
     parser.add_argument("--split", default="unseen", choices=["unseen", "train"])
     parser.add_argument(
         "--envs",
@@ -59,8 +63,19 @@ def _eval_parser() -> argparse.ArgumentParser:
     parser.add_argument("--out", default=None, help="output directory (rollouts.csv, summary.json, videos/)")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--videos", type=int, default=2, help="number of rollouts to save as videos")
-    parser.add_argument("--image-size", type=int, default=None, help="default: the policy's training size")
-    parser.add_argument("--cameras", nargs="+", default=None, help="tabletop cameras, e.g. wrist or scene")
+    parser.add_argument(
+        "--image-size",
+        type=int,
+        default=None,
+        help="default: the size the checkpoint's images were recorded at (else its feature shape)",
+    )
+    parser.add_argument(
+        "--cameras",
+        nargs="+",
+        default=None,
+        help="tabletop cameras, e.g. wrist or scene (default: those the checkpoint's data recorded; "
+        "another camera is refused)",
+    )
     parser.add_argument(
         "--env-option",
         action="append",
@@ -134,12 +149,13 @@ def main(argv: list[str]) -> int:
     if args.cameras:
         env_options["cameras"] = args.cameras
     try:
-        n_envs = args.envs if args.envs is not None else get_task(args.task).eval_envs
+        if args.policy == "expert" and args.task is None:
+            raise ValueError("the expert needs --task")
         result = evaluate(
             args.policy,
             args.task,
             split=args.split,
-            n_envs=n_envs,
+            n_envs=args.envs,
             n_objects=args.objects,
             episodes=args.episodes,
             pairing=args.pairing,
@@ -162,7 +178,7 @@ def main(argv: list[str]) -> int:
         f"success {s['success_rate']:.3f} [{s['success_ci_low']:.3f}, {s['success_ci_high']:.3f}] "
         f"over {s['n_rollouts']} rollouts ({s['confidence']:.0%} Wilson intervals)"
     )
-    for name in get_task(args.task).metrics:
+    for name in get_task(s["task"]).metrics:
         print(
             f"  mean {name}: {s[f'mean_{name}']:.3f} "
             f"[{s[f'mean_{name}_ci_low']:.3f}, {s[f'mean_{name}_ci_high']:.3f}]"
