@@ -13,7 +13,8 @@ Outputs (when ``out_dir`` is given): ``rollouts.csv`` (one row per rollout: roll
 env_id, object_id, seed, stage_1..stage_n, stage_score, max_stage_score, score, success, steps),
 ``summary.json`` (mean normalised score and success rate, each with a Wilson interval at
 ``confidence``, by default ``demoscale.DEFAULT_CONFIDENCE``; n_rollouts, ...) and
-``videos/rollout_<k>.mp4`` for the first ``video_episodes`` rollouts.
+``videos/rollout_<k>.mp4`` for the first ``video_episodes`` rollouts (H.264 with the step, the
+stages reached and success drawn on; see :mod:`demoscale.eval.video`).
 """
 
 from __future__ import annotations
@@ -316,21 +317,12 @@ class RolloutJob:
     video: bool
 
 
-def _write_video(path: Path, frames: Sequence[np.ndarray], fps: float) -> Path:
-    import cv2
+def _caption(env):
+    from demoscale.eval.video import FrameCaption
 
-    height, width = frames[0].shape[:2]
-    writer = cv2.VideoWriter(str(path), cv2.VideoWriter_fourcc(*"mp4v"), fps, (width, height))
-    if writer.isOpened():
-        for frame in frames:
-            writer.write(cv2.cvtColor(frame, cv2.COLOR_RGB2BGR))
-        writer.release()
-        return path
-    import imageio.v2 as imageio  # no mp4 encoder here: fall back to an animated gif
-
-    gif = path.with_suffix(".gif")
-    imageio.mimsave(gif, list(frames), duration=1 / fps)
-    return gif
+    return FrameCaption(
+        step=int(env.steps), stages=tuple(bool(d) for d in env.stages()), success=bool(env.success())
+    )
 
 
 def _task_metrics(env) -> dict[str, float]:
@@ -357,6 +349,8 @@ def _run_batch(
         check_spec(actor, definition, histories[0][0])
         queues: dict[int, list[np.ndarray]] = {i: [] for i in histories}
         frames = {i: [env.render()] for i, (env, job) in enumerate(zip(envs, jobs, strict=True)) if job.video}
+        # What the video overlay says on each frame: the step, the stages reached, success.
+        captions = {i: [_caption(envs[i])] for i in frames}
         active = {i for i, env in enumerate(envs) if not env.success()}
         step = 0
         while active and step < max_steps:
@@ -368,6 +362,7 @@ def _run_batch(
                 histories[i].append(envs[i].step(queues[i].pop(0)))
                 if i in frames:
                     frames[i].append(envs[i].render())
+                    captions[i].append(_caption(envs[i]))
                 if envs[i].success() or envs[i].steps >= max_steps:
                     active.discard(i)
             step += 1
@@ -390,11 +385,10 @@ def _run_batch(
             }
             if i in frames and video_dir is not None:
                 video_dir.mkdir(parents=True, exist_ok=True)
-                row["video"] = str(
-                    _write_video(
-                        video_dir / f"rollout_{job.rollout_index}.mp4", frames[i], definition.rate_hz
-                    )
-                )
+                from demoscale.eval.video import write_video
+
+                path = video_dir / f"rollout_{job.rollout_index}.mp4"
+                row["video"] = str(write_video(path, frames[i], definition.rate_hz, captions[i]))
             rows.append(row)
         return rows
     finally:
