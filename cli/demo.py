@@ -173,7 +173,14 @@ def _fit_and_recommend(config: DemoConfig, sweep_dir: Path, report_dir: Path, st
         loglog = fit_law(results, axis="n_envs", method="loglog", rollouts=rollouts, confidence=level)
         print(loglog.summary())
     with stages.run("plot", "scaling-law figure"):
-        plots = plot_laws(results, report_dir / "plots", axes=["n_envs"], rollouts=rollouts, confidence=level)
+        plots = plot_laws(
+            results,
+            report_dir / "plots",
+            axes=["n_envs"],
+            rollouts=rollouts,
+            confidence=level,
+            target=config.target,
+        )
     with stages.run("recommend", f"what to add to reach {config.target:.0%} on unseen environments"):
         # The same decision summary as `demoscale laws recommend` (the law chosen by comparison).
         recommendation = recommend_budget(

@@ -123,6 +123,7 @@ def build_parser() -> argparse.ArgumentParser:
     plot.add_argument(
         "--extrapolate", type=float, default=4.0, help="shade up to this factor beyond the data"
     )
+    plot.add_argument("--target", type=float, default=None, help="draw this target score as a line")
 
     recommend = sub.add_parser(
         "recommend", help="the decision summary: what to add to reach a target score, and how sure that is"
@@ -249,6 +250,7 @@ def main(argv: list[str] | None = None) -> int:
                 seed=args.seed,
                 extrapolate=args.extrapolate,
                 dpi=args.dpi,
+                target=args.target,
             )
             for path in paths:
                 print(path)
