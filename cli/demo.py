@@ -229,9 +229,15 @@ def run_demo(
     fit = loglog.to_dict()
     (out / "fit.json").write_text(json.dumps(fit, indent=2, default=float))
     (out / "recommendation.json").write_text(json.dumps(recommendation.to_dict(), indent=2, default=float))
+    videos = trial_videos(sweep_dir, out)
     (out / "report.md").write_text(
         _report_markdown(
-            config, quick, sweep.results, loglog, recommendation, plots, stages.seconds, total, out
+            config, quick, sweep.results, loglog, recommendation, plots, stages.seconds, total, out, videos
+        )
+    )
+    (out / "report.html").write_text(
+        _report_html(
+            config, quick, sweep.results, loglog, recommendation, plots, stages.seconds, total, out, videos
         )
     )
     print(_summary(loglog, recommendation, total, out), flush=True)
@@ -253,12 +259,23 @@ def _summary(fit: Any, recommendation: Any, total: float, out: Path) -> str:
         [
             "",
             "=" * 72,
-            f"demoscale demo finished in {total / 60:.1f} min. Report: {out / 'report.md'}",
+            f"demoscale demo finished in {total / 60:.1f} min. Report: {out / 'report.html'} "
+            f"(also {out / 'report.md'})",
             f"  law:    {_law_line(fit)}",
             f"  decision ({recommendation.status}): {recommendation.message}",
             "=" * 72,
         ]
     )
+
+
+def trial_videos(sweep_dir: Path, out: Path) -> dict[str, list[str]]:
+    """Trial id -> its rollout videos, as paths relative to the report folder ``out``."""
+    videos: dict[str, list[str]] = {}
+    for trial in sorted((sweep_dir / "trials").glob("*")) if (sweep_dir / "trials").is_dir() else []:
+        found = sorted((trial / "eval" / "videos").glob("rollout_*.*"), key=lambda p: (len(p.stem), p.stem))
+        if found:
+            videos[trial.name] = [os.path.relpath(p, out) for p in found]
+    return videos
 
 
 def _report_markdown(
@@ -271,18 +288,21 @@ def _report_markdown(
     seconds: dict[str, float],
     total: float,
     out: Path,
+    videos: dict[str, list[str]] | None = None,
 ) -> str:
     pct = f"{config.confidence:.0%}"
     rows = [
-        f"| n_envs | seed | score ({pct} interval) | success rate ({pct} interval) | rollouts |",
-        "| --- | --- | --- | --- | --- |",
+        f"| n_envs | seed | score ({pct} interval) | success rate ({pct} interval) | rollouts | videos |",
+        "| --- | --- | --- | --- | --- | --- |",
     ]
+    videos = videos or {}
     for _, row in results.sort_values(["n_envs", "seed"]).iterrows():
+        links = " ".join(f"[{k + 1}]({path})" for k, path in enumerate(videos.get(str(row["trial_id"]), [])))
         rows.append(
             f"| {int(row['n_envs'])} | {int(row['seed'])} | {row['score']:.3f} "
             f"[{row.get('score_ci_low', float('nan')):.2f}, {row.get('score_ci_high', float('nan')):.2f}] | "
             f"{row['success_rate']:.2f} [{row['success_ci_low']:.2f}, {row['success_ci_high']:.2f}] | "
-            f"{int(row['n_rollouts'])} |"
+            f"{int(row['n_rollouts'])} | {links or '-'} |"
         )
     timing = "\n".join(f"| {name} | {secs:.0f} s |" for name, secs in seconds.items())
     # plot_laws writes the combined figure first, then one file per panel.
@@ -300,6 +320,8 @@ def _report_markdown(
   {config.eval_episodes_per_pair} episodes.
 
 ## Results (one row per trial; all rows in `results.csv`, rollouts in `rollouts.csv`)
+The same report with the figure and the rollout videos playing in place: `report.html`. Videos are
+H.264 mp4 with the step, the stages reached and success drawn on.
 Every interval in this report is at {pct} (the demo's `confidence`): Wilson intervals for the rollouts,
 bootstrap or OLS intervals for the laws, and the probability the decision asks of a plan.
 
@@ -329,6 +351,107 @@ trained, each with its probability of reaching the target, its extrapolation fac
 | --- | --- |
 {timing}
 | total | {total:.0f} s |
+"""
+
+
+_HTML_STYLE = """
+body { font-family: system-ui, sans-serif; max-width: 1100px; margin: 2em auto; padding: 0 1em; color: #222; }
+table { border-collapse: collapse; margin: 1em 0; } th, td { border: 1px solid #ccc; padding: 4px 8px; }
+th { background: #f3f3f3; } td.num { text-align: right; font-variant-numeric: tabular-nums; }
+pre { background: #f7f7f7; padding: 1em; overflow-x: auto; font-size: 0.85em; }
+.videos { display: flex; flex-wrap: wrap; gap: 1em; } figure { margin: 0; }
+figcaption { font-size: 0.85em; color: #555; } img.figure { max-width: 100%; }
+"""
+
+
+def _report_html(
+    config: DemoConfig,
+    quick: bool,
+    results: Any,
+    fit: Any,
+    recommendation: Any,
+    plots: list[Path],
+    seconds: dict[str, float],
+    total: float,
+    out: Path,
+    videos: dict[str, list[str]] | None = None,
+) -> str:
+    """The report as one HTML page (figure, tables, decision, the rollout videos playing in place);
+    every file it shows is linked relative to ``out``, so the folder can be moved or served."""
+    from html import escape
+
+    pct = f"{config.confidence:.0%}"
+    videos = videos or {}
+    ordered = results.sort_values(["n_envs", "seed"])
+    rows = []
+    for _, row in ordered.iterrows():
+        trial = str(row["trial_id"])
+        links = " ".join(
+            f'<a href="{escape(path)}">{k + 1}</a>' for k, path in enumerate(videos.get(trial, []))
+        )
+        cells = [
+            str(int(row["n_envs"])),
+            str(int(row["seed"])),
+            f"{row['score']:.3f} [{row.get('score_ci_low', float('nan')):.2f}, "
+            f"{row.get('score_ci_high', float('nan')):.2f}]",
+            f"{row['success_rate']:.2f} [{row['success_ci_low']:.2f}, {row['success_ci_high']:.2f}]",
+            str(int(row["n_rollouts"])),
+        ]
+        rows.append(
+            "<tr>"
+            + "".join(f'<td class="num">{escape(c)}</td>' for c in cells)
+            + f"<td>{links or '-'}</td></tr>"
+        )
+    pngs = [p for p in plots if str(p).endswith(".png")]
+    figure = (
+        f'<img class="figure" src="{escape(os.path.relpath(pngs[0], out))}" alt="scaling-law figure">'
+        if pngs
+        else ""
+    )
+    players = []
+    for _, row in ordered.iterrows():
+        trial = str(row["trial_id"])
+        for path in videos.get(trial, [])[:1]:  # one per trial on the page; the table links them all
+            players.append(
+                f'<figure><video controls muted preload="metadata" width="320" src="{escape(path)}"></video>'
+                f"<figcaption>{int(row['n_envs'])} training environment(s), seed {int(row['seed'])}: "
+                f"score {row['score']:.2f}</figcaption></figure>"
+            )
+    timing = "".join(
+        f'<tr><td>{escape(name)}</td><td class="num">{secs:.0f} s</td></tr>' for name, secs in seconds.items()
+    )
+    title = "demoscale demo report" + (" (quick)" if quick else "")
+    return f"""<!DOCTYPE html>
+<html lang="en"><head><meta charset="utf-8"><title>{escape(title)}</title>
+<style>{_HTML_STYLE}</style></head>
+<body>
+<h1>{escape(title)}</h1>
+<p>Task <code>{escape(config.task)}</code>, {config.image_size}px {escape(", ".join(config.cameras))} camera;
+{config.max_envs} training environments with one unique object each, {config.demos_per_pair} demos per pair;
+a diffusion policy (<code>configs/{escape(config.policy_config)}</code>) trained on nested subsets of
+{escape(str(config.env_counts))} environments x seeds {escape(str(config.seeds))}, each checkpoint rolled out on
+{config.eval_envs} unseen environments x {config.eval_objects} unseen object(s) x {config.eval_episodes_per_pair}
+episodes. Every interval here is at {pct}. The same report as text: <a href="report.md">report.md</a>;
+data: <a href="results.csv">results.csv</a>, <a href="rollouts.csv">rollouts.csv</a>,
+<a href="fit.json">fit.json</a>, <a href="recommendation.json">recommendation.json</a>.</p>
+<h2>Scaling law</h2>
+{figure}
+<p>{escape(_law_line(fit))}</p>
+<h2>Decision (target {config.target:.0%} on unseen environments)</h2>
+<pre>{escape(recommendation.summary())}</pre>
+<h2>Results, one row per trial</h2>
+<table><tr><th>n_envs</th><th>seed</th><th>score ({pct} interval)</th><th>success rate ({pct} interval)</th>
+<th>rollouts</th><th>videos</th></tr>
+{"".join(rows)}
+</table>
+<h2>Rollouts on unseen environments</h2>
+<p>H.264 videos; the band on top shows the step, the stages reached and SUCCESS (green) once the task succeeds.</p>
+<div class="videos">{"".join(players) or "<p>no videos were recorded</p>"}</div>
+<h2>Fit</h2>
+<pre>{escape(fit.summary())}</pre>
+<h2>Time per stage</h2>
+<table>{timing}<tr><td>total</td><td class="num">{total:.0f} s</td></tr></table>
+</body></html>
 """
 
 
