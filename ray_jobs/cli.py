@@ -20,6 +20,12 @@ def build_parser() -> argparse.ArgumentParser:
     )
     parser.add_argument("--storage", default=None, help="output folder or fsspec URL (overrides 'output')")
     parser.add_argument("--resume", action="store_true", help="run only trials without a row in results.csv")
+    parser.add_argument(
+        "--logger",
+        default=None,
+        choices=["csv", "tensorboard", "wandb", "mlflow"],
+        help="experiment tracking of every trial (group = sweep name, run = trial id; overrides 'logger')",
+    )
     return parser
 
 
@@ -32,9 +38,13 @@ def main(argv: list[str]) -> int:
         SweepError,
         run_sweep,
     )
+    from demoscale.ray_jobs.config import load_sweep_config
 
     try:
-        result = run_sweep(args.config, address=args.address, storage=args.storage, resume=args.resume)
+        config = load_sweep_config(args.config)
+        if args.logger:
+            config.logger = args.logger
+        result = run_sweep(config, address=args.address, storage=args.storage, resume=args.resume)
     except (SweepConfigError, InfeasibleGridError, SweepError, ClusterConnectionError) as err:
         print(f"demoscale sweep: {err}", file=sys.stderr)
         return 2

@@ -15,6 +15,8 @@ from typing import Any
 
 import yaml
 
+LOGGERS = ("csv", "tensorboard", "wandb", "mlflow")  # demoscale.policies.cli.LOGGERS, without torch
+
 
 class SweepConfigError(ValueError):
     """A sweep file (or dict) that cannot describe a sweep; the message names the file and key."""
@@ -125,6 +127,9 @@ class SweepConfig:
     max_concurrent_trials: int | None = None
     fault_injection: FaultInjection = field(default_factory=FaultInjection)
     base_dir: str = "."  # relative paths resolve against it
+    # Experiment tracking of every trial's training: csv, tensorboard, wandb or mlflow (group = the
+    # sweep's name, run = the trial id, files under <output>/tracking); None = the training default.
+    logger: str | None = None
 
     def resolve(self, path: str) -> str:
         """``path`` as given if it is absolute or a URL, else relative to ``base_dir``."""
@@ -253,3 +258,5 @@ def validate_sweep_config(config: SweepConfig, source: str = "<config>") -> None
         raise SweepConfigError(f"{source}: resources.cpu must be > 0 and resources.gpu >= 0")
     if config.retries < 0:
         raise SweepConfigError(f"{source}: retries must be >= 0")
+    if config.logger is not None and config.logger not in LOGGERS:
+        raise SweepConfigError(f"{source}: logger must be one of {', '.join(LOGGERS)}, got {config.logger!r}")
