@@ -16,11 +16,10 @@ import sys
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
-from dataclasses import asdict, dataclass, field, fields
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-import yaml
 from demoscale import DEFAULT_CONFIDENCE
 
 CONFIGS_DIR = Path(__file__).resolve().parents[1] / "configs"
@@ -65,17 +64,21 @@ class DemoConfig:
             )
 
 
-def load_demo_config(quick: bool = False, path: str | os.PathLike = DEMO_CONFIG) -> DemoConfig:
-    """The ``default`` section of the demo YAML, with the ``quick`` section on top when asked."""
-    sections = yaml.safe_load(Path(path).read_text())
+def load_demo_config(
+    quick: bool = False, path: str | os.PathLike = DEMO_CONFIG, overrides: dict[str, Any] | None = None
+) -> DemoConfig:
+    """The ``default`` section of the demo YAML, with the ``quick`` section on top when asked and the
+    dotted ``overrides`` (``{"budget.steps": 200}``) last. Raises ``ConfigError`` naming file and key."""
+    from demoscale.conventions import ConfigError, apply_overrides, dataclass_from_dict, read_yaml
+
+    sections = read_yaml(path, "demo config")
+    if not isinstance(sections.get("default"), dict):
+        raise ConfigError(f"{path}: needs a 'default' section (and optionally 'quick')")
     values = dict(sections["default"])
     if quick:
         values.update(sections.get("quick") or {})
-    known = {f.name for f in fields(DemoConfig)}
-    unknown = sorted(set(values) - known)
-    if unknown:
-        raise ValueError(f"{path}: unknown demo settings {unknown}; known: {sorted(known)}")
-    return DemoConfig(**values)
+    values = apply_overrides(values, overrides or {}, str(path))
+    return dataclass_from_dict(DemoConfig, values, str(path))
 
 
 @dataclass
@@ -198,19 +201,51 @@ def _fit_and_recommend(config: DemoConfig, sweep_dir: Path, report_dir: Path, st
     return loglog, plots, recommendation
 
 
+# Written into every report folder the demo makes: a later run may clear only folders that hold it.
+MARKER = ".demoscale-demo"
+
+
+class OutputFolderError(ValueError):
+    """``--out`` names a folder the demo did not make (and ``--overwrite`` was not given)."""
+
+
+def prepare_out_dir(out_dir: str | os.PathLike, overwrite: bool = False) -> Path:
+    """The report folder, made ready: created if absent; a folder an earlier demo made (it holds
+    :data:`MARKER`) is reused; any other non-empty folder is refused unless ``overwrite``. Then the
+    previous run's raw data, store and sweep are removed: a demo run starts from nothing."""
+    out = Path(out_dir).resolve()
+    if out.exists() and not out.is_dir():
+        raise OutputFolderError(f"--out {out} is a file, not a folder")
+    if out.is_dir() and any(out.iterdir()) and not (out / MARKER).exists() and not overwrite:
+        raise OutputFolderError(
+            f"--out {out} already holds files that an earlier demo did not write; choose another folder "
+            "or pass --overwrite to clear its raw/, store.zarr and sweep/ and write the report there"
+        )
+    out.mkdir(parents=True, exist_ok=True)
+    (out / MARKER).write_text(
+        "This folder is a demoscale demo report; `demoscale demo --out` may clear it.\n"
+    )
+    for stale in (out / "raw", out / "store.zarr", out / "sweep"):
+        if stale.exists():
+            shutil.rmtree(stale)
+    return out
+
+
 def run_demo(
-    out_dir: str | os.PathLike = "demo_out", quick: bool = False, config: DemoConfig | None = None
+    out_dir: str | os.PathLike = "demo_out",
+    quick: bool = False,
+    config: DemoConfig | None = None,
+    overwrite: bool = False,
 ) -> DemoReport:
-    """Run the whole loop and write the report folder; returns the headline numbers."""
+    """Run the whole loop and write the report folder; returns the headline numbers.
+
+    ``out_dir`` must be new, empty or an earlier demo's report folder unless ``overwrite``
+    (:func:`prepare_out_dir`)."""
     from demoscale.ray_jobs import run_sweep
 
     config = config or load_demo_config(quick=quick)
-    out = Path(out_dir).resolve()
-    out.mkdir(parents=True, exist_ok=True)
+    out = prepare_out_dir(out_dir, overwrite)
     raw_dir, store, sweep_dir = out / "raw", out / "store.zarr", out / "sweep"
-    for stale in (raw_dir, store, sweep_dir):  # a demo run starts from nothing
-        if stale.exists():
-            shutil.rmtree(stale)
     stages = _Stages(["collect", "ingest", "sweep", "fit", "plot", "recommend"])
     started = time.perf_counter()
 
@@ -456,22 +491,47 @@ data: <a href="results.csv">results.csv</a>, <a href="rollouts.csv">rollouts.csv
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
-        prog="demoscale demo",
-        description="Run the whole loop in simulation: collect, ingest, Ray sweep, evaluate, fit, recommend.",
+    from demoscale.conventions import add_config_arguments, make_parser
+
+    parser = make_parser(
+        "demoscale demo",
+        "Run the whole loop in simulation: collect, ingest, Ray sweep, evaluate, fit, recommend.\n\n"
+        "Any setting of the demo YAML can be overridden: --set target=0.8 --set 'env_counts=[1, 2, 4]'\n"
+        "--budget.steps 500 (dotted keys also as flags); --print-config shows the result without running it.",
     )
-    parser.add_argument("--out", default="demo_out", help="report folder (default: demo_out)")
+    parser.add_argument("--out", default="demo_out", help="report folder")
     parser.add_argument("--quick", action="store_true", help="a reduced loop for CI (a few minutes)")
-    parser.add_argument("--config", default=str(DEMO_CONFIG), help="demo YAML (default: configs/demo.yaml)")
+    parser.add_argument(
+        "--overwrite",
+        action="store_true",
+        help="write into an --out folder that an earlier demo did not make (its raw/, store.zarr and "
+        "sweep/ are removed)",
+    )
+    add_config_arguments(
+        parser, "demo YAML; --quick puts its 'quick' section on top", default=str(DEMO_CONFIG)
+    )
     return parser
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
-    config = load_demo_config(quick=args.quick, path=args.config)
+    from demoscale.conventions import EXIT_OK, ConfigError, config_yaml, error, parse_with_overrides
+
+    parser = build_parser()
+    args, overrides = parse_with_overrides(parser, argv)
+    try:
+        config = load_demo_config(quick=args.quick, path=args.config, overrides=overrides)
+    except ConfigError as err:
+        return error("demo", err)
+    if args.print_config:
+        print(config_yaml(config), end="")
+        return EXIT_OK
+    try:
+        prepare_out_dir(args.out, args.overwrite)
+    except OutputFolderError as err:
+        return error("demo", err)
     print("demoscale demo:", json.dumps(asdict(config)), flush=True)
-    run_demo(args.out, quick=args.quick, config=config)
-    return 0
+    run_demo(args.out, quick=args.quick, config=config, overwrite=True)
+    return EXIT_OK
 
 
 if __name__ == "__main__":

@@ -107,6 +107,13 @@ class _Committed:
     notes: list[str] = field(default_factory=list)
 
 
+def id_order(value: Any) -> tuple[int, int, str]:
+    """Sort key of env/object ids as people count them: numeric ids as numbers ("2" before "10"),
+    then the other ids as text."""
+    text = str(value)
+    return (0, int(text), "") if text.lstrip("-").isdigit() else (1, 0, text)
+
+
 def _is_url(location: str) -> bool:
     return "://" in location or "::" in location
 
@@ -979,8 +986,8 @@ class EpisodeStore:
             "version": int(self._root.attrs.get("version", FORMAT_VERSION)),
             "n_episodes": self.n_episodes,
             "n_frames": self.n_frames,
-            "envs": sorted(set(frame["env_id"])),
-            "objects": sorted(set(frame["object_id"])),
+            "envs": sorted(set(frame["env_id"]), key=id_order),
+            "objects": sorted(set(frame["object_id"]), key=id_order),
             "n_pairs": int(len(pairs)),
             "tasks": sorted(set(frame["task"])),
             "episodes_per_pair": {"min": int(pairs.min()), "max": int(pairs.max())} if len(pairs) else None,

@@ -2,17 +2,31 @@
 
 from __future__ import annotations
 
-import argparse
 import sys
+
+from demoscale.conventions import (
+    EXIT_FAILURE,
+    EXIT_OK,
+    add_config_arguments,
+    add_store_argument,
+    config_yaml,
+    error,
+    make_parser,
+    parse_with_overrides,
+)
 
 DESCRIPTION = """Sweep policy training over environment/object/demo counts on Ray Tune.
 One trial = choose a nested subset of the store, train, evaluate on held-out envs/objects.
-Rows land in OUTPUT/results.csv|parquet (and rollouts.csv|parquet) as each trial finishes."""
+Rows land in OUTPUT/results.csv|parquet (and rollouts.csv|parquet) as each trial finishes.
+
+Any key of the sweep file can be overridden: --budget.steps 200, --grid.seed '[0, 1, 2]',
+--set eval.episodes=20; --print-config shows the result without running it."""
 
 
-def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="demoscale sweep", description=DESCRIPTION)
-    parser.add_argument("--config", required=True, help="sweep YAML (see configs/sweeps/)")
+def build_parser():
+    parser = make_parser("demoscale sweep", DESCRIPTION)
+    add_config_arguments(parser, "sweep YAML (see configs/sweeps/); required")
+    add_store_argument(parser, "episode store (overrides the file's 'store')")
     parser.add_argument(
         "--address",
         default=None,
@@ -30,7 +44,10 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str]) -> int:
-    args = build_parser().parse_args(argv)
+    parser = build_parser()
+    args, overrides = parse_with_overrides(parser, argv)
+    if not args.config:
+        parser.error("--config is required (a sweep YAML, see configs/sweeps/)")
     from demoscale.ray_jobs import (
         ClusterConnectionError,
         InfeasibleGridError,
@@ -40,19 +57,28 @@ def main(argv: list[str]) -> int:
     )
     from demoscale.ray_jobs.config import load_sweep_config
 
+    if args.store:
+        overrides["store"] = args.store
+    if args.logger:
+        overrides["logger"] = args.logger
+    if args.storage:
+        overrides["output"] = args.storage
     try:
-        config = load_sweep_config(args.config)
-        if args.logger:
-            config.logger = args.logger
+        config = load_sweep_config(args.config, overrides)
+    except SweepConfigError as err:
+        return error("sweep", err)
+    if args.print_config:
+        print(config_yaml(config), end="")
+        return EXIT_OK
+    try:
         result = run_sweep(config, address=args.address, storage=args.storage, resume=args.resume)
     except (SweepConfigError, InfeasibleGridError, SweepError, ClusterConnectionError) as err:
-        print(f"demoscale sweep: {err}", file=sys.stderr)
-        return 2
+        return error("sweep", err)
     print(
         f"{len(result.ran)} trial(s) ran, {len(result.skipped)} already done, {len(result.failed)} failed; "
         f"results: {result.results_csv} ({len(result.results)} rows, {result.wall_time_s:.0f} s)"
     )
     if result.failed:
         print("failed trials (rerun with --resume): " + ", ".join(result.failed), file=sys.stderr)
-        return 1
-    return 0
+        return EXIT_FAILURE
+    return EXIT_OK

@@ -150,16 +150,15 @@ _SECTIONS = {
 
 
 def _build(cls: type, data: Any, where: str) -> Any:
+    """The one YAML -> dataclass path of the package (keys and types checked, named in errors)."""
+    from demoscale.conventions import ConfigError, dataclass_from_dict
+
     if not isinstance(data, dict):
         raise SweepConfigError(f"{where}: expected a mapping, got {type(data).__name__}")
-    names = {f.name for f in dataclasses.fields(cls)}
-    unknown = sorted(set(data) - names)
-    if unknown:
-        raise SweepConfigError(f"{where}: unknown key(s) {unknown}; allowed: {sorted(names)}")
     try:
-        return cls(**data)
-    except TypeError as err:
-        raise SweepConfigError(f"{where}: {err}") from None
+        return dataclass_from_dict(cls, data, where)
+    except ConfigError as err:
+        raise SweepConfigError(str(err)) from None
 
 
 def _as_list(value: Any, where: str) -> list:
@@ -203,17 +202,29 @@ def sweep_config_from_dict(data: dict[str, Any], source: str = "<dict>", base_di
     return config
 
 
-def load_sweep_config(path: str | os.PathLike) -> SweepConfig:
-    """Read a sweep YAML file.
+def load_sweep_config(path: str | os.PathLike, overrides: dict[str, Any] | None = None) -> SweepConfig:
+    """Read a sweep YAML file, with dotted ``overrides`` (``{"budget.steps": 200}``) applied on top.
 
     Relative paths inside it resolve against the current working folder, or against the file's own
     ``base_dir`` key (itself relative to the file) when it has one.
     """
+    from demoscale.conventions import ConfigError, apply_overrides
+
     path = Path(path)
     if not path.exists():
         raise SweepConfigError(f"sweep config not found: {path}")
     with open(path) as handle:
-        data = yaml.safe_load(handle) or {}
+        try:
+            data = yaml.safe_load(handle) or {}
+        except yaml.YAMLError as err:
+            raise SweepConfigError(f"{path}: not valid YAML: {err}") from None
+    if overrides:
+        if not isinstance(data, dict):
+            raise SweepConfigError(f"{path}: a sweep config must be a mapping")
+        try:
+            data = apply_overrides(data, overrides, str(path))
+        except ConfigError as err:
+            raise SweepConfigError(str(err)) from None
     if isinstance(data, dict) and "base_dir" in data:
         data["base_dir"] = str((path.parent / str(data["base_dir"])).resolve())
     return sweep_config_from_dict(data, source=str(path), base_dir=os.getcwd())
