@@ -11,6 +11,7 @@ import zipfile
 from pathlib import Path
 
 import pytest
+import yaml
 from demoscale.datasets import EpisodeStore
 
 CONFIG = Path(__file__).resolve().parents[2] / "configs" / "tabletop_tiny.yaml"
@@ -77,6 +78,10 @@ def test_eval_refuses_another_camera_with_a_clear_message(scene_checkpoint, caps
         evaluate(checkpoint, "reach", n_envs=1, env_options={"cameras": ["wrist"]}, progress=False)
     with pytest.raises(SpecMismatchError, match="image size 48"):
         evaluate(checkpoint, n_envs=1, image_size=48, progress=False)
+    # --print-config shows the evaluation the checkpoint implies, without running it.
+    assert eval_main([str(checkpoint), "--envs", "1", "--print-config"]) == 0
+    printed = yaml.safe_load(capsys.readouterr().out)
+    assert (printed["task"], printed["image_size"], printed["cameras"]) == ("reach", 32, ["scene"])
     code = eval_main([str(checkpoint), "--cameras", "wrist", "--envs", "1"])
     assert code == 2
     err = capsys.readouterr().err
