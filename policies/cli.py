@@ -140,13 +140,17 @@ class PolicyCLI(LightningCLI):
         root = trainer.get("default_root_dir") or "runs"
         checkpoint = config.get("checkpoint")
         run_dir = root
+        legacy = os.path.join(root, "checkpoints", "last.ckpt")  # runs made before run folders existed
         if checkpoint is not None and not checkpoint.get("dirpath"):
-            # Each run its own folder; --ckpt_path last without a name continues the latest run.
-            if not config.get("run_name"):
-                resume = config.get("ckpt_path") == "last" and _latest_run(root)
-                config["run_name"] = resume or _new_run_name(root)
-            run_dir = os.path.join(root, config["run_name"])
-            checkpoint["dirpath"] = os.path.join(run_dir, "checkpoints")
+            resuming = config.get("ckpt_path") == "last" and not config.get("run_name")
+            if resuming and not _latest_run(root) and os.path.isfile(legacy):
+                checkpoint["dirpath"] = os.path.dirname(legacy)
+            else:
+                # Each run its own folder; --ckpt_path last without a name continues the latest run.
+                if not config.get("run_name"):
+                    config["run_name"] = (resuming and _latest_run(root)) or _new_run_name(root)
+                run_dir = os.path.join(root, config["run_name"])
+                checkpoint["dirpath"] = os.path.join(run_dir, "checkpoints")
         run = config.get("run_name") or os.path.basename(os.path.normpath(root))
         if config.get("logger") or trainer.get("logger") in (None, True):
             name = config.get("logger") or "csv"

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import shutil
 from pathlib import Path
 
 import pytest
@@ -28,6 +29,14 @@ def test_each_training_run_gets_its_own_checkpoint_folder(tabletop_store, tmp_pa
     # --ckpt_path last without a name continues the latest run, in its own folder.
     resumed = train(config, {"ckpt_path": "last", "trainer.max_steps": 3})
     assert resumed.steps == 3 and resumed.checkpoint_path == named.checkpoint_path
+    # A root laid out before run folders (root/checkpoints/last.ckpt) still resumes in place.
+    legacy = tmp_path / "legacy"
+    (legacy / "checkpoints").mkdir(parents=True)
+    shutil.copy(named.checkpoint_path, legacy / "checkpoints" / "last.ckpt")
+    old = train(
+        config, {"trainer.default_root_dir": str(legacy), "ckpt_path": "last", "trainer.max_steps": 4}
+    )
+    assert old.steps == 4 and Path(old.checkpoint_path).parent == legacy / "checkpoints"
 
 
 def test_tensorboard_logger_writes_group_and_run(tabletop_store, tmp_path) -> None:
@@ -43,6 +52,7 @@ def test_tensorboard_logger_writes_group_and_run(tabletop_store, tmp_path) -> No
     assert "train/loss" in events.Tags()["scalars"], events.Tags()
 
 
+@pytest.mark.slow
 def test_wandb_logger_runs_offline_with_group_and_run(tabletop_store, tmp_path, monkeypatch) -> None:
     pytest.importorskip("wandb")
     monkeypatch.delenv("WANDB_MODE", raising=False)
@@ -56,6 +66,7 @@ def test_wandb_logger_runs_offline_with_group_and_run(tabletop_store, tmp_path, 
     assert b"sweepA" in record and b"t1" in record
 
 
+@pytest.mark.slow
 def test_mlflow_logger_writes_experiment_and_run(tabletop_store, tmp_path, monkeypatch) -> None:
     mlflow = pytest.importorskip("mlflow")
     monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
