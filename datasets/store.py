@@ -91,6 +91,8 @@ class FeatureSpec:
         """A JSON-ready dict (stored in the root group attributes)."""
         out = asdict(self)
         out["shape"] = list(self.shape)
+        if out["source"] is None:  # unknown: left out, so such stores read as before
+            del out["source"]
         return out
 
     @classmethod
