@@ -123,11 +123,15 @@ def test_help_shows_defaults_and_kebab_case_flags(command: list[str], capsys) ->
         assert "default" in text, "defaults are shown in --help"
 
 
-def test_usage_errors_exit_2_on_stderr() -> None:
+def test_usage_errors_exit_2_on_stderr(tmp_path: Path, capsys) -> None:
+    assert demoscale_main(["sweep", "--config", "absent.yaml"]) == 2
+    captured = capsys.readouterr()
+    assert captured.out == "" and captured.err.startswith("demoscale sweep: error: sweep config not found")
+    # The exit code a shell sees, from a real process.
     result = subprocess.run(
-        [sys.executable, "-m", "demoscale", "sweep", "--config", "absent.yaml"],
+        [sys.executable, "-m", "demoscale", "store", "info", "--store", str(tmp_path / "absent.zarr")],
         capture_output=True,
         text=True,
     )
     assert result.returncode == 2 and result.stdout == ""
-    assert result.stderr.startswith("demoscale sweep: error: sweep config not found: absent.yaml")
+    assert result.stderr.startswith("demoscale store info: error: ") and "Traceback" not in result.stderr
