@@ -2,6 +2,8 @@
 
 Every subcommand is a module exposing ``main(argv: list[str]) -> int``; the module is a thin
 shell over functions users can import. Loading lazily keeps ``demoscale laws ...`` free of torch.
+The flags, exit codes and config handling every command shares are in ``demoscale.conventions``:
+0 success, 1 failure while running, 2 usage or input error.
 """
 
 from __future__ import annotations
@@ -26,7 +28,11 @@ def _usage() -> str:
     width = max(len(name) for name in COMMANDS)
     lines = ["usage: demoscale <command> [options]", "", "commands:"]
     lines += [f"  {name:<{width}}  {help_}" for name, (_, help_) in COMMANDS.items()]
-    lines += ["", "Run 'demoscale <command> --help' for the options of one command."]
+    lines += [
+        "",
+        "Run 'demoscale <command> --help' for the options of one command.",
+        "Exit codes: 0 success, 1 failure while running, 2 usage or input error.",
+    ]
     return "\n".join(lines)
 
 
@@ -44,9 +50,19 @@ def main(argv: list[str] | None = None) -> int:
     if name not in COMMANDS:
         print(f"demoscale: unknown command {name!r}\n\n{_usage()}", file=sys.stderr)
         return 2
+    from demoscale.conventions import ConfigError, quiet_broken_pipe
+    from demoscale.conventions import error as report_error
+
     try:
         module = importlib.import_module(COMMANDS[name][0])
-        return int(module.main(rest) or 0)
+        code = int(module.main(rest) or 0)
+        sys.stdout.flush()  # a closed pipe shows here, inside the handler below, not at exit
+        return code
+    except BrokenPipeError:
+        # The reader stopped reading (`demoscale store info S | head`): not an error of ours.
+        return quiet_broken_pipe()
+    except ConfigError as err:  # a config file, key or override a command could not use
+        return report_error(name, err)
     except ModuleNotFoundError as error:
         missing = (error.name or "").split(".")[0]
         if not missing or missing == "demoscale":

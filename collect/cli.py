@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import sys
 from dataclasses import asdict
@@ -41,10 +42,16 @@ def _common(parser: argparse.ArgumentParser, ids: bool = True, manifest: bool = 
 
 
 def build_parser() -> argparse.ArgumentParser:
+    from demoscale.conventions import HelpFormatter
+
     parser = argparse.ArgumentParser(
-        prog="demoscale ingest", description="Ingest demonstrations into an episode store."
+        prog="demoscale ingest",
+        description="Ingest demonstrations into an episode store.",
+        formatter_class=HelpFormatter,
     )
     formats = parser.add_subparsers(dest="format", required=True, metavar="FORMAT")
+    # Every format's options show their defaults too.
+    formats.add_parser = functools.partial(formats.add_parser, formatter_class=HelpFormatter)
 
     umi = formats.add_parser("umi", help="UMI dataset.zarr.zip files or a <task>/env_<i>/object_<j>/ tree")
     umi.add_argument("src", help="a dataset.zarr.zip or a directory searched for *.zarr.zip")
@@ -129,16 +136,16 @@ def run(args: argparse.Namespace):
 
 
 def main(argv: list[str]) -> int:
-    """Entry point of ``demoscale ingest``; returns the exit status (1 on bad input)."""
+    """Entry point of ``demoscale ingest``; returns the exit status (2 on bad input, as every command)."""
     args = build_parser().parse_args(argv)
     if args.workers < 1:
         print("demoscale ingest: --workers must be at least 1", file=sys.stderr)
         return 2
     try:
         summary = run(args)
-    except IngestError as error:
+    except IngestError as error:  # the sources (or the store) given cannot be ingested: an input error
         print(f"demoscale ingest: error: {error}", file=sys.stderr)
-        return 1
+        return 2
     if args.json:
         print(json.dumps({**asdict(summary), "frames_per_second": summary.frames_per_second}, indent=2))
     else:

@@ -160,6 +160,9 @@ def check_compatible(store, features: Mapping[str, Any]) -> None:
         wanted = (spec.kind, tuple(spec.shape), spec.dtype)
         if have is None or (have.kind, tuple(have.shape), have.dtype) != wanted:
             mismatched.append(f"{key}: store has {have}, source needs {spec}")
+        elif getattr(have, "source", None) and getattr(spec, "source", None) and have.source != spec.source:
+            # Both recorded what produced the key, differently (another camera, size or options).
+            mismatched.append(f"{key}: store recorded {have.source}, source recorded {spec.source}")
     missing = sorted(set(store.features) - set(features))
     if mismatched or missing:
         details = "; ".join(mismatched + ([f"source lacks {missing}"] if missing else []))

@@ -171,8 +171,14 @@ _ACTION_UNITS = (
 )
 
 
-def joylo_features(n_points: int | None, cameras: Mapping[str, tuple[int, int]], rate_hz: float) -> dict:
-    """Store features of ingested JoyLo episodes (keys of docs/interfaces.md)."""
+def joylo_features(
+    n_points: int | None,
+    cameras: Mapping[str, tuple[int, int]],
+    rate_hz: float,
+    capture: Mapping[str, Mapping] | None = None,
+) -> dict:
+    """Store features of ingested JoyLo episodes (keys of docs/interfaces.md); ``capture`` (camera
+    key -> what produced it, the files' ``capture`` attribute) becomes their ``source``."""
     from demoscale.datasets import FeatureSpec
 
     def low_dim(width: int, units: str, frame: str = "", dtype: str = "float32"):
@@ -213,10 +219,30 @@ def joylo_features(n_points: int | None, cameras: Mapping[str, tuple[int, int]],
             }
         )
     for camera, (height, width) in sorted(cameras.items()):
+        source = (capture or {}).get(f"{camera}_rgb")
         features[f"{camera}_rgb"] = FeatureSpec(
-            kind="image", shape=(height, width, 3), dtype="uint8", rate_hz=rate_hz, units="rgb"
+            kind="image",
+            shape=(height, width, 3),
+            dtype="uint8",
+            rate_hz=rate_hz,
+            units="rgb",
+            source=dict(source) if source else None,
         )
     return features
+
+
+def read_capture(path: str | os.PathLike) -> dict | None:
+    """The ``capture`` attribute of a JoyLo file (JSON: camera key -> what produced it), if any."""
+    import json
+
+    with _open_h5(Path(path)) as file:
+        text = file.attrs.get("capture")
+    if text is None:
+        return None
+    try:
+        return json.loads(text.decode() if isinstance(text, bytes) else str(text))
+    except ValueError as error:
+        raise IngestError(f"{path}: attribute 'capture' is not JSON: {error}") from error
 
 
 class _EpisodeReader:
@@ -442,12 +468,17 @@ def ingest_joylo(
     sources = resolve_sources(
         src, ["*.h5", "*.hdf5"], manifest=manifest, overrides=overrides, what="JoyLo HDF5 file"
     )
-    signature, rates, plans = None, set(), []
+    signature, rates, plans, captures = None, set(), [], []
     for path, ids in sources:
         file_signature, rate_hz, file_plans = plan_joylo_file(path, ids, progress=progress)
         if signature is not None and file_signature != signature:
             raise IngestError(
                 f"{path}: keys/shapes {file_signature} differ from the first file's {signature}"
+            )
+        captures.append(read_capture(path))
+        if captures[-1] != captures[0]:
+            raise IngestError(
+                f"{path}: cameras recorded as {captures[-1]}, the first file's as {captures[0]}"
             )
         signature = signature or file_signature
         rates.add(rate_hz)
@@ -460,7 +491,7 @@ def ingest_joylo(
         if key.endswith("_rgb") and not key.startswith("pointcloud_")
     }
     n_points = signature["pointcloud_xyz"][0][0] if "pointcloud_xyz" in signature else None
-    features = joylo_features(n_points, cameras, rates.pop())
+    features = joylo_features(n_points, cameras, rates.pop(), captures[0] if captures else None)
     return write_plans(
         store,
         features,

@@ -97,13 +97,16 @@ def write_umi_zip(
     jpegxl_level: int = 99,
     jpegxl_lossless: bool = False,
     rate_hz: float | None = None,
+    capture: Mapping[str, Mapping] | None = None,
 ) -> Path:
     """Write ``episodes`` (layout in the module docstring) as a UMI ``dataset.zarr.zip``.
 
     The zip holds a Zarr format-2 group, entries stored without zip compression; images go one
     frame per chunk through imagecodecs' JPEG-XL numcodecs codec at ``jpegxl_level`` (lossy unless
     ``jpegxl_lossless``); low-dim arrays are uncompressed, chunked by the first episode's length.
-    ``rate_hz``, when given, is recorded in the root attributes (UMI itself records no rate).
+    ``rate_hz``, when given, is recorded in the root attributes (UMI itself records no rate), and
+    so is ``capture`` (camera key -> what produced its images, e.g. a simulator camera's name,
+    image size and task options), which ingestion copies into the store's feature spec.
     """
     import zarr
     from imagecodecs.numcodecs import Jpegxl
@@ -128,6 +131,8 @@ def write_umi_zip(
         root = zarr.open_group(zarr.storage.LocalStore(scratch), mode="w", zarr_format=2)
         if rate_hz is not None:
             root.attrs["rate_hz"] = float(rate_hz)
+        if capture:
+            root.attrs["capture"] = {key: dict(value) for key, value in capture.items()}
         meta = root.create_group("meta")
         data = root.create_group("data")
         meta.create_array(
@@ -175,14 +180,27 @@ def robot_keys(robot: int) -> list[str]:
     return [f"robot{robot}_{part}" for part in _ROBOT_LOW_DIM]
 
 
-def umi_features(robots: Sequence[int], cameras: Mapping[int, tuple[int, int]], rate_hz: float) -> dict:
-    """Store features of UMI-style data (also what the simulated tabletop writes)."""
+def umi_features(
+    robots: Sequence[int],
+    cameras: Mapping[int, tuple[int, int]],
+    rate_hz: float,
+    capture: Mapping[str, Mapping] | None = None,
+) -> dict:
+    """Store features of UMI-style data (also what the simulated tabletop writes); ``capture``
+    (camera key -> what produced it, the zip's ``capture`` attribute) becomes their ``source``."""
     from demoscale.datasets import FeatureSpec
 
     features = {}
     for camera, (height, width) in sorted(cameras.items()):
-        features[f"camera{camera}_rgb"] = FeatureSpec(
-            kind="image", shape=(height, width, 3), dtype="uint8", rate_hz=rate_hz, units="rgb"
+        key = f"camera{camera}_rgb"
+        source = (capture or {}).get(key)
+        features[key] = FeatureSpec(
+            kind="image",
+            shape=(height, width, 3),
+            dtype="uint8",
+            rate_hz=rate_hz,
+            units="rgb",
+            source=dict(source) if source else None,
         )
     for robot in robots:
         low_dim = {
@@ -277,6 +295,7 @@ def plan_umi_zip(path: str | os.PathLike, ids=None, rate_hz: float | None = None
         root = zarr.open_group(raw.zarr_store(), mode="r", zarr_format=2)
         if rate_hz is None:
             rate_hz = float(root.attrs.get("rate_hz", UMI_RATE_HZ))
+        capture = root.attrs.get("capture") or None
         low_dim = {}
         for key in keys:
             if key.startswith("robot"):
@@ -342,7 +361,7 @@ def plan_umi_zip(path: str | os.PathLike, ids=None, rate_hz: float | None = None
             )
     finally:
         raw.close()
-    return umi_features(robots, cameras, rate_hz), plans, rate_hz
+    return umi_features(robots, cameras, rate_hz, capture), plans, rate_hz
 
 
 def _check_copied_frames(frames: Sequence[bytes], shape: tuple[int, ...], args: Mapping, key: str) -> None:
@@ -465,4 +484,7 @@ def ingest_umi(
 
 
 def _feature_signature(features: Mapping) -> list[tuple]:
-    return sorted((key, spec.kind, tuple(spec.shape), spec.dtype) for key, spec in features.items())
+    # The recorded source is part of it: images of two different cameras do not share a key.
+    return sorted(
+        (key, spec.kind, tuple(spec.shape), spec.dtype, repr(spec.source)) for key, spec in features.items()
+    )

@@ -73,6 +73,9 @@ class FeatureSpec:
 
     ``kind`` is ``"image"`` (uint8 HxW, HxWx1, HxWx3 or HxWx4, stored compressed per frame),
     ``"low_dim"`` (a small numeric vector) or ``"point_cloud"`` (N points x channels).
+    ``source`` (optional, JSON-ready) says what produced the key, e.g. for a simulated camera
+    ``{"task": "reach", "camera": "scene", "image_size": 64, "env_options": {"cameras": ["scene"]}}``;
+    None where unknown (stores written before it existed, data that did not record it).
     """
 
     kind: Literal["image", "low_dim", "point_cloud"]
@@ -81,6 +84,7 @@ class FeatureSpec:
     rate_hz: float | None = None
     units: str = ""
     frame: str = ""
+    source: Mapping[str, Any] | None = field(default=None, compare=True, hash=False)
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "shape", tuple(int(s) for s in self.shape))
@@ -97,6 +101,8 @@ class FeatureSpec:
         """A JSON-ready dict (stored in the root group attributes)."""
         out = asdict(self)
         out["shape"] = list(self.shape)
+        if out["source"] is None:  # unknown: left out, so such stores read as before
+            del out["source"]
         return out
 
     @classmethod
@@ -136,6 +142,13 @@ def _write_atomically(path: Path, content: bytes) -> None:
     temporary = path.with_name(f"{path.name}.{uuid.uuid4().hex[:8]}.partial")
     temporary.write_bytes(content)
     os.replace(temporary, path)
+
+
+def id_order(value: Any) -> tuple[int, int, str]:
+    """Sort key of env/object ids as people count them: numeric ids as numbers ("2" before "10"),
+    then the other ids as text."""
+    text = str(value)
+    return (0, int(text), "") if text.lstrip("-").isdigit() else (1, 0, text)
 
 
 def _is_url(location: str) -> bool:
@@ -1343,8 +1356,8 @@ class EpisodeStore:
             "version": int(self._root.attrs.get("version", FORMAT_VERSION)),
             "n_episodes": self.n_episodes,
             "n_frames": self.n_frames,
-            "envs": sorted(set(frame["env_id"])),
-            "objects": sorted(set(frame["object_id"])),
+            "envs": sorted(set(frame["env_id"]), key=id_order),
+            "objects": sorted(set(frame["object_id"]), key=id_order),
             "n_pairs": int(len(pairs)),
             "tasks": sorted(set(frame["task"])),
             "episodes_per_pair": {"min": int(pairs.min()), "max": int(pairs.max())} if len(pairs) else None,

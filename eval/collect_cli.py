@@ -4,16 +4,22 @@ from __future__ import annotations
 
 import argparse
 import json
+import sys
 
 from demoscale.eval.ids import IdRangeError
 from demoscale.eval.tasks import UnknownTaskError, task_names
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="demoscale collect", description=__doc__)
+    from demoscale.conventions import HelpFormatter
+
+    parser = argparse.ArgumentParser(
+        prog="demoscale collect", description=__doc__, formatter_class=HelpFormatter
+    )
     sub = parser.add_subparsers(dest="command", required=True)
     sim = sub.add_parser(
         "sim",
+        formatter_class=HelpFormatter,
         help="collect scripted expert demos (only successful ones unless --keep-failed)",
         description="Writes <out>/<task>/env_<i>/object_<j>/ in the task family's raw format "
         "(UMI dataset.zarr.zip for tabletop tasks); bring them into a store with 'demoscale ingest'.",
@@ -25,10 +31,10 @@ def build_parser() -> argparse.ArgumentParser:
     sim.add_argument("--objects", type=int, required=True, help="number of objects per environment")
     sim.add_argument("--demos-per-pair", type=int, required=True)
     sim.add_argument("--out", required=True, help="output directory")
-    sim.add_argument("--workers", type=int, default=1)
-    sim.add_argument("--split", default="train", choices=["train", "unseen"])
-    sim.add_argument("--seed", type=int, default=0)
-    sim.add_argument("--image-size", type=int, default=96)
+    sim.add_argument("--workers", type=int, default=1, help="processes")
+    sim.add_argument("--split", default="train", choices=["train", "unseen"], help="id range")
+    sim.add_argument("--seed", type=int, default=0, help="collection seed")
+    sim.add_argument("--image-size", type=int, default=96, help="square image size of the cameras")
     sim.add_argument("--cameras", nargs="+", default=None, help="tabletop cameras, e.g. wrist or scene")
     sim.add_argument(
         "--pairing",
@@ -62,7 +68,7 @@ def main(argv: list[str]) -> int:
             pairing=args.pairing,
         )
     except (UnknownTaskError, IdRangeError, ValueError) as error:
-        print(f"demoscale collect sim: {error}")
+        print(f"demoscale collect sim: error: {error}", file=sys.stderr)
         return 2
     if args.json:
         print(

@@ -21,7 +21,7 @@ from pathlib import Path
 
 import numpy as np
 from demoscale.eval.ids import env_ids, object_ids, pair_ids
-from demoscale.eval.tasks import get_task
+from demoscale.eval.tasks import capture_sources, get_task
 
 
 @dataclass
@@ -98,6 +98,9 @@ def collect_pair(
     definition = get_task(task)
     env = definition.make_env(env_id, object_id, image_size=image_size, **(env_options or {}))
     episodes, attempts, successes = [], 0, 0
+    # What rendered each image key travels with the files, so a policy trained on them is later
+    # evaluated with the same camera, image size and options (demoscale eval CHECKPOINT).
+    capture = capture_sources(env, definition.name, image_size, env_options)
     try:
         while len(episodes) < demos and attempts < demos * max_attempts_per_demo:
             episode, success = run_expert_episode(env, _pair_seed(seed, env_id, object_id, attempts))
@@ -111,7 +114,10 @@ def collect_pair(
     files: list[Path] = []
     if episodes:
         directory.mkdir(parents=True, exist_ok=True)
-        files = definition.write_demos(directory, episodes, definition.rate_hz)
+        if capture:
+            files = definition.write_demos(directory, episodes, definition.rate_hz, capture=capture)
+        else:
+            files = definition.write_demos(directory, episodes, definition.rate_hz)
         (directory / "count.txt").write_text(f"{len(episodes)}\n")
     return PairResult(
         env_id=env_id,

@@ -13,7 +13,8 @@ Outputs (when ``out_dir`` is given): ``rollouts.csv`` (one row per rollout: roll
 env_id, object_id, seed, stage_1..stage_n, stage_score, max_stage_score, score, success, steps),
 ``summary.json`` (mean normalised score and success rate, each with a Wilson interval at
 ``confidence``, by default ``demoscale.DEFAULT_CONFIDENCE``; n_rollouts, ...) and
-``videos/rollout_<k>.mp4`` for the first ``video_episodes`` rollouts.
+``videos/rollout_<k>.mp4`` for the first ``video_episodes`` rollouts (H.264 with the step, the
+stages reached and success drawn on; see :mod:`demoscale.eval.video`).
 """
 
 from __future__ import annotations
@@ -194,6 +195,86 @@ def policy_image_size(policy) -> int | None:
     return None
 
 
+def recorded_capture(policy) -> dict[str, dict[str, Any]]:
+    """Observed image key -> what produced its training images (the feature spec's ``source``:
+    task, camera, image size, environment options), for the keys that recorded it."""
+    captured = {}
+    for key, spec in getattr(policy, "features", {}).items():
+        spec = spec if isinstance(spec, Mapping) else vars(spec)
+        if key in getattr(policy, "obs_offsets", {}) and spec.get("kind") == "image" and spec.get("source"):
+            captured[key] = dict(spec["source"])
+    return captured
+
+
+def _describe(key: str, source: Mapping[str, Any]) -> str:
+    return (
+        f"{key!r} was recorded by the {source.get('camera')!r} camera of task {source.get('task')!r} "
+        f"at {source.get('image_size')} px"
+    )
+
+
+def apply_capture(
+    recorded: Mapping[str, Mapping[str, Any]],
+    task: str | None,
+    image_size: int | None,
+    env_options: Mapping[str, Any] | None,
+    policy_name: str = "the policy",
+) -> tuple[str | None, int | None, dict[str, Any]]:
+    """The evaluation's (task, image size, environment options): what was given, and otherwise what
+    the policy's training images were recorded with. An explicit value that contradicts the record
+    (another camera, size or option) raises :class:`SpecMismatchError` naming both."""
+    options = dict(env_options or {})
+    if not recorded:
+        return task, image_size, options
+    key, source = next(iter(sorted(recorded.items())))
+    recorded_options = dict(source.get("env_options") or {})
+    problems = []
+    for name, value in options.items():
+        if name in recorded_options and _plain(value) != recorded_options[name]:
+            problems.append(f"{name}={_plain(value)!r} (recorded: {recorded_options[name]!r})")
+    recorded_size = source.get("image_size")
+    if image_size is not None and recorded_size is not None and int(image_size) != int(recorded_size):
+        problems.append(f"image size {image_size} (recorded: {recorded_size})")
+    if problems:
+        raise SpecMismatchError(
+            f"{policy_name}: {_describe(key, source)}, but the evaluation asks for "
+            + "; ".join(problems)
+            + ". Leave these options out to evaluate as recorded, or give the recorded values."
+        )
+    recorded_task = source.get("task")
+    if task is not None and recorded_task and task != recorded_task:
+        import warnings
+
+        warnings.warn(
+            f"{policy_name} was trained on task {recorded_task!r}, evaluated on {task!r}", stacklevel=3
+        )
+    return (
+        task or recorded_task,
+        image_size if image_size is not None else recorded_size,
+        {**recorded_options, **options},
+    )
+
+
+def check_capture(recorded: Mapping[str, Mapping[str, Any]], env, policy_name: str = "the policy") -> None:
+    """Raise :class:`SpecMismatchError` if ``env`` renders a recorded key with another camera."""
+    cameras = env.image_cameras() if callable(getattr(env, "image_cameras", None)) else {}
+    problems = [
+        f"{_describe(key, source)}; the evaluation renders it with the {cameras[key]!r} camera"
+        for key, source in sorted(recorded.items())
+        if key in cameras and source.get("camera") and cameras[key] != source["camera"]
+    ]
+    if problems:
+        camera_list = " ".join(str(recorded[k]["camera"]) for k in sorted(recorded))
+        raise SpecMismatchError(
+            f"{policy_name}: " + "; ".join(problems) + f" (evaluate with --cameras {camera_list}, or "
+            "leave --cameras out to use the recorded cameras)"
+        )
+
+
+def _plain(value: Any) -> Any:
+    return json.loads(json.dumps(value, default=list))
+
+
 def check_spec(actor, definition: TaskDefinition, observation: Mapping[str, np.ndarray]) -> None:
     """Raise :class:`SpecMismatchError` if the policy cannot act in the task (before any rollout)."""
     if isinstance(actor, _ExpertActor):
@@ -236,21 +317,12 @@ class RolloutJob:
     video: bool
 
 
-def _write_video(path: Path, frames: Sequence[np.ndarray], fps: float) -> Path:
-    import cv2
+def _caption(env):
+    from demoscale.eval.video import FrameCaption
 
-    height, width = frames[0].shape[:2]
-    writer = cv2.VideoWriter(str(path), cv2.VideoWriter_fourcc(*"mp4v"), fps, (width, height))
-    if writer.isOpened():
-        for frame in frames:
-            writer.write(cv2.cvtColor(frame, cv2.COLOR_RGB2BGR))
-        writer.release()
-        return path
-    import imageio.v2 as imageio  # no mp4 encoder here: fall back to an animated gif
-
-    gif = path.with_suffix(".gif")
-    imageio.mimsave(gif, list(frames), duration=1 / fps)
-    return gif
+    return FrameCaption(
+        step=int(env.steps), stages=tuple(bool(d) for d in env.stages()), success=bool(env.success())
+    )
 
 
 def _task_metrics(env) -> dict[str, float]:
@@ -277,6 +349,8 @@ def _run_batch(
         check_spec(actor, definition, histories[0][0])
         queues: dict[int, list[np.ndarray]] = {i: [] for i in histories}
         frames = {i: [env.render()] for i, (env, job) in enumerate(zip(envs, jobs, strict=True)) if job.video}
+        # What the video overlay says on each frame: the step, the stages reached, success.
+        captions = {i: [_caption(envs[i])] for i in frames}
         active = {i for i, env in enumerate(envs) if not env.success()}
         step = 0
         while active and step < max_steps:
@@ -288,6 +362,7 @@ def _run_batch(
                 histories[i].append(envs[i].step(queues[i].pop(0)))
                 if i in frames:
                     frames[i].append(envs[i].render())
+                    captions[i].append(_caption(envs[i]))
                 if envs[i].success() or envs[i].steps >= max_steps:
                     active.discard(i)
             step += 1
@@ -310,11 +385,10 @@ def _run_batch(
             }
             if i in frames and video_dir is not None:
                 video_dir.mkdir(parents=True, exist_ok=True)
-                row["video"] = str(
-                    _write_video(
-                        video_dir / f"rollout_{job.rollout_index}.mp4", frames[i], definition.rate_hz
-                    )
-                )
+                from demoscale.eval.video import write_video
+
+                path = video_dir / f"rollout_{job.rollout_index}.mp4"
+                row["video"] = str(write_video(path, frames[i], definition.rate_hz, captions[i]))
             rows.append(row)
         return rows
     finally:
@@ -366,9 +440,9 @@ def _rollout_seed(seed: int, env_id: int, object_id: int, episode: int) -> int:
 
 def evaluate(
     policy,
-    task: str,
+    task: str | None = None,
     split: str = "unseen",
-    n_envs: int = 10,
+    n_envs: int | None = None,
     n_objects: int = 1,
     episodes: int | None = None,
     workers: int = 1,
@@ -384,7 +458,8 @@ def evaluate(
     pairing: str = "grid",
     confidence: float = DEFAULT_CONFIDENCE,
 ) -> EvalResult:
-    """Roll ``policy`` out on the first ``n_envs`` x ``n_objects`` pairs of ``split``.
+    """Roll ``policy`` out on the first ``n_envs`` (default: the task's ``eval_envs``) x
+    ``n_objects`` pairs of ``split``.
 
     ``policy`` is a checkpoint path (loaded with ``demoscale.policies.load_policy``), an already
     loaded Policy, or ``"expert"`` (the task's scripted expert). ``pairing`` is ``"grid"`` (every
@@ -393,17 +468,29 @@ def evaluate(
     rollouts, spread round-robin over the pairs (rollout i runs on pair ``i % n_pairs``; default one
     per pair); use a multiple of the pair count for a balanced evaluation. ``confidence`` is the
     level of the summary's intervals.
-    The image size defaults to the policy's training size (96 for the expert). A policy whose
-    observation keys/shapes or action size do not fit the task raises :class:`SpecMismatchError`
-    before any rollout; unknown tasks and ids outside the documented ranges raise too.
+    A policy whose training images recorded what produced them (the feature spec's ``source``, see
+    :func:`recorded_capture`) is evaluated with the same task, camera, image size and environment
+    options unless they are given; given ones that contradict the record raise
+    :class:`SpecMismatchError`. Otherwise the image size defaults to the policy's training size (96
+    for the expert). A policy whose observation keys/shapes or action size do not fit the task
+    raises :class:`SpecMismatchError` before any rollout; unknown tasks and ids outside the
+    documented ranges raise too.
     """
+    actor = _resolve_policy(policy, device=device)
+    recorded = recorded_capture(actor.policy) if isinstance(actor, _PolicyActor) else {}
+    task, image_size, env_options = apply_capture(recorded, task, image_size, env_options, actor.name)
+    if task is None:
+        raise ValueError(
+            "no task given and the policy's training data did not record one: pass the task "
+            "(--task on the command line)"
+        )
     definition = get_task(task)
+    n_envs = definition.eval_envs if n_envs is None else n_envs
     if min(n_envs, n_objects) < 1 or (episodes is not None and episodes < 1):
         raise ValueError("n_envs, n_objects and episodes must all be >= 1")
     envs, objects = env_ids(split, n_envs), object_ids(split, n_objects)
     pairs = pair_ids(envs, objects, pairing)
     episodes = len(pairs) if episodes is None else episodes
-    actor = _resolve_policy(policy, device=device)
     if image_size is None:
         image_size = (policy_image_size(actor.policy) if isinstance(actor, _PolicyActor) else None) or 96
     env_options = dict(env_options or {})
@@ -412,11 +499,12 @@ def evaluate(
         and isinstance(actor, _PolicyActor)
         and not set(actor.obs_offsets) & set(definition.image_keys)
     ):
-        env_options.setdefault("images", False)
+        env_options.setdefault("images", False)  # nothing to draw for a policy that sees no image
     max_steps = int(max_steps or definition.max_steps)
     # Check the spec on one environment before anything long runs.
     probe = definition.make_env(envs[0], objects[0], image_size=image_size, **env_options)
     try:
+        check_capture(recorded, probe, actor.name)
         check_spec(actor, definition, probe.reset(0))
     finally:
         probe.close()
@@ -478,6 +566,7 @@ def evaluate(
         **summarise(rollouts, confidence, metrics=definition.metrics),
         "mean_steps": float(rollouts["steps"].mean()),
         "image_size": image_size,
+        "env_options": _plain(env_options),
         "seed": seed,
         "wall_time_s": wall,
         "env_ids": envs,

@@ -64,6 +64,10 @@ class SimEnv(Protocol):
     def render(self) -> np.ndarray:
         """An RGB frame for videos (uint8 HxWx3)."""
 
+    # Optional: ``image_cameras() -> dict[str, str]``, store key -> the simulator camera that renders
+    # it. Collection records it (with the image size and options) in the raw files and so in the
+    # store and the checkpoint, and evaluation defaults to it and refuses another camera.
+
     # Optional: ``metrics() -> dict[str, float]``, the task's own per-rollout measures beside the
     # stage score (PushT: the Diffusion Policy paper's max coverage). Each becomes a rollouts.csv
     # column and a ``mean_<name>`` with its interval in the summary; see TaskDefinition.metrics.
@@ -83,9 +87,10 @@ class TaskDefinition:
     """What the evaluation and collection code needs to know about one task.
 
     - ``make_env(env_id, object_id, image_size=96, **options) -> SimEnv``;
-    - ``write_demos(directory, episodes, rate_hz) -> list[Path]`` writes successful episodes
-      (lists of observation dicts + actions, see :func:`demoscale.eval.collect_sim`) in the task
-      family's raw source format (UMI zip for tabletop, JoyLo HDF5 for whole-body);
+    - ``write_demos(directory, episodes, rate_hz, capture=None) -> list[Path]`` writes successful
+      episodes (lists of observation dicts + actions, see :func:`demoscale.eval.collect_sim`) in the
+      task family's raw source format (UMI zip for tabletop, JoyLo HDF5 for whole-body), with
+      ``capture`` (:func:`capture_sources`) recorded in the file's attributes;
     - ``observation_features``: store key -> shape (for ``image_size``-dependent keys use the
       ``image_keys`` set; their shape is ``(image_size, image_size, 3)``);
     - ``action_dim`` and ``max_steps`` (episode limit at ``rate_hz``);
@@ -117,6 +122,27 @@ class TaskDefinition:
         shapes = {key: (image_size, image_size, 3) for key in self.image_keys}
         shapes.update({key: tuple(shape) for key, shape in self.low_dim_features.items()})
         return shapes
+
+
+def _plain(value: Any) -> Any:
+    """``value`` as JSON-ready data (tuples become lists), the form it takes in stores and checkpoints."""
+    import json
+
+    return json.loads(json.dumps(value, default=list))
+
+
+def capture_sources(
+    env: Any, task: str, image_size: int, env_options: Mapping[str, Any] | None = None
+) -> dict[str, dict[str, Any]]:
+    """What produced each image key of ``env``'s observations: image key -> ``{"task", "camera",
+    "image_size", "env_options"}`` (the ``source`` of the store's FeatureSpec; empty when the
+    environment does not name its cameras)."""
+    cameras = env.image_cameras() if callable(getattr(env, "image_cameras", None)) else {}
+    options = _plain(dict(env_options or {}))
+    return {
+        key: {"task": task, "camera": str(camera), "image_size": int(image_size), "env_options": options}
+        for key, camera in cameras.items()
+    }
 
 
 def task_names() -> list[str]:

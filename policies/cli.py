@@ -9,8 +9,15 @@ flags; ``--print_config`` prints the resolved configuration. Added on top of Lig
 - ``gc.*``: :class:`~demoscale.policies.callbacks.ScheduledGC`;
 - ``progress.*``: :class:`~demoscale.policies.callbacks.TrainingProgress` (a line on stderr every
   ``progress.every_s`` seconds: steps, loss, samples/s, ETA; 0 turns it off);
-- a CSV logger under ``trainer.default_root_dir`` unless ``trainer.logger`` is set (TensorBoard
-  and W&B loggers work when their packages are installed: ``--trainer.logger=TensorBoardLogger``);
+- each run its own folder ``<trainer.default_root_dir>/<run_name>/`` (``--run_name``, default a
+  timestamp; ``--ckpt_path last`` without a run name resumes the latest run) holding
+  ``checkpoints/`` and the CSV logs, unless ``checkpoint.dirpath`` is given (then the root itself);
+- experiment tracking by one flag, ``--logger csv|tensorboard|wandb|mlflow`` (default csv), with
+  ``--logger_group`` (W&B group, MLflow experiment, TensorBoard folder; a sweep sets its name) and
+  the run name as the tracker's run; files under ``--logger_dir`` (default: the root folder). W&B
+  runs offline unless ``WANDB_MODE=online``; MLflow writes to ``file:<logger_dir>/mlruns`` unless
+  ``MLFLOW_TRACKING_URI`` is set. ``--logger`` replaces ``trainer.logger`` (a config's
+  ``logger: false`` too); without it ``trainer.logger`` stands, and a CSV logger where it is unset;
 - gradient accumulation derived from ``model.init_args.global_batch_size`` and the DataModule's
   micro-batch ``data.batch_size`` (over all devices).
 """
@@ -19,14 +26,76 @@ from __future__ import annotations
 
 import os
 import sys
+import time
 from collections.abc import Sequence
-from typing import Any
+from pathlib import Path
+from typing import Any, Literal
 
 from demoscale.policies.callbacks import PolicyCheckpoint, ScheduledGC, ThroughputLogger, TrainingProgress
 from demoscale.policies.data import PolicyDataModule
 from demoscale.policies.lightning_module import PolicyModule
 from lightning.pytorch import Callback
 from lightning.pytorch.cli import LightningCLI
+
+LOGGERS = ("csv", "tensorboard", "wandb", "mlflow")
+DEFAULT_GROUP = "demoscale"
+
+
+def tracking_logger(name: str, save_dir: str, group: str, run: str) -> dict[str, Any]:
+    """The ``trainer.logger`` config of one tracker: group = a sweep (or ``DEFAULT_GROUP``), run = one
+    training run (a trial). Offline where the tracker has a mode for it."""
+    if name == "csv":
+        return {
+            "class_path": "lightning.pytorch.loggers.CSVLogger",
+            "init_args": {"save_dir": save_dir, "name": "logs"},
+        }
+    if name == "tensorboard":
+        # One log folder for the group: `tensorboard --logdir <save_dir>/tensorboard` shows every run.
+        return {
+            "class_path": "lightning.pytorch.loggers.TensorBoardLogger",
+            "init_args": {"save_dir": os.path.join(save_dir, "tensorboard"), "name": group, "version": run},
+        }
+    if name == "wandb":
+        return {
+            "class_path": "lightning.pytorch.loggers.WandbLogger",
+            "init_args": {
+                "project": "demoscale",
+                "group": group,
+                "name": run,
+                "save_dir": save_dir,
+                "offline": os.environ.get("WANDB_MODE", "offline") != "online",
+            },
+        }
+    if name == "mlflow":
+        uri = os.environ.get("MLFLOW_TRACKING_URI")
+        if not uri:
+            # A local folder needs no server or database (mlflow-skinny has none); MLflow 3 asks
+            # for this opt-in before it writes one.
+            uri = Path(save_dir, "mlruns").resolve().as_uri()
+            os.environ.setdefault("MLFLOW_ALLOW_FILE_STORE", "true")
+        return {
+            "class_path": "lightning.pytorch.loggers.MLFlowLogger",
+            "init_args": {"experiment_name": group, "run_name": run, "tracking_uri": uri},
+        }
+    raise ValueError(f"--logger must be one of {', '.join(LOGGERS)}, got {name!r}")
+
+
+def _new_run_name(root: str) -> str:
+    """A timestamp not yet taken under ``root`` (a suffix when two runs start in the same second)."""
+    stamp = time.strftime("%Y%m%d-%H%M%S")
+    name, k = stamp, 1
+    while os.path.exists(os.path.join(root, name)):
+        k += 1
+        name = f"{stamp}-{k}"
+    return name
+
+
+def _latest_run(root: str) -> str | None:
+    """The most recently written run under ``root`` that has ``checkpoints/last.ckpt``."""
+    runs = (
+        [p.parent.parent for p in Path(root).glob("*/checkpoints/last.ckpt")] if os.path.isdir(root) else []
+    )
+    return max(runs, key=lambda p: (p / "checkpoints" / "last.ckpt").stat().st_mtime).name if runs else None
 
 
 class PolicyCLI(LightningCLI):
@@ -45,6 +114,25 @@ class PolicyCLI(LightningCLI):
         parser.add_lightning_class_args(ThroughputLogger, "throughput")
         parser.add_lightning_class_args(ScheduledGC, "gc")
         parser.add_lightning_class_args(TrainingProgress, "progress")
+        parser.add_argument(
+            "--run_name",
+            type=str | None,
+            default=None,
+            help="this run's folder under trainer.default_root_dir and its name in the tracker "
+            "(default: a timestamp; with --ckpt_path last: the latest run)",
+        )
+        parser.add_argument(
+            "--logger",
+            type=Literal["csv", "tensorboard", "wandb", "mlflow"] | None,
+            default=None,
+            help="experiment tracking; replaces trainer.logger (default: trainer.logger, else csv)",
+        )
+        parser.add_argument(
+            "--logger_group", type=str, default=DEFAULT_GROUP, help="tracker group (a sweep's name)"
+        )
+        parser.add_argument(
+            "--logger_dir", type=str | None, default=None, help="tracker files (default: the root folder)"
+        )
 
     def before_instantiate_classes(self) -> None:
         config = self.config[self.subcommand] if self.subcommand else self.config
@@ -53,15 +141,27 @@ class PolicyCLI(LightningCLI):
             # uses torch.load(weights_only=True), as load_checkpoint does (policies/checkpoints.py).
             config["weights_only"] = True
         trainer = config["trainer"]
-        if trainer.get("logger") in (None, True):
-            trainer["logger"] = {
-                "class_path": "lightning.pytorch.loggers.CSVLogger",
-                "init_args": {"save_dir": trainer.get("default_root_dir") or "runs", "name": "logs"},
-            }
+        root = trainer.get("default_root_dir") or "runs"
         checkpoint = config.get("checkpoint")
+        run_dir = root
+        legacy = os.path.join(root, "checkpoints", "last.ckpt")  # runs made before run folders existed
         if checkpoint is not None and not checkpoint.get("dirpath"):
-            # One fixed folder per run (not per logger version), so that --ckpt_path last finds it.
-            checkpoint["dirpath"] = os.path.join(trainer.get("default_root_dir") or "runs", "checkpoints")
+            resuming = config.get("ckpt_path") == "last" and not config.get("run_name")
+            if resuming and not _latest_run(root) and os.path.isfile(legacy):
+                checkpoint["dirpath"] = os.path.dirname(legacy)
+            else:
+                # Each run its own folder; --ckpt_path last without a name continues the latest run.
+                if not config.get("run_name"):
+                    config["run_name"] = (resuming and _latest_run(root)) or _new_run_name(root)
+                run_dir = os.path.join(root, config["run_name"])
+                checkpoint["dirpath"] = os.path.join(run_dir, "checkpoints")
+        run = config.get("run_name") or os.path.basename(os.path.normpath(root))
+        if config.get("logger") or trainer.get("logger") in (None, True):
+            name = config.get("logger") or "csv"
+            save_dir = run_dir if name == "csv" else (config.get("logger_dir") or root)
+            trainer["logger"] = tracking_logger(
+                name, save_dir, config.get("logger_group") or DEFAULT_GROUP, run
+            )
         model_args = (
             config["model"].get("init_args", {}) if "init_args" in config["model"] else config["model"]
         )

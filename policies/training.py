@@ -59,6 +59,14 @@ def train_args(
     return args
 
 
+def _finish_trackers(trainer: Any) -> None:
+    """Close a W&B run at the end of training: the next run of the same process (a sweep worker
+    runs many trials) must start its own run, not log into this one."""
+    for logger in getattr(trainer, "loggers", []):
+        if type(logger).__name__ == "WandbLogger" and getattr(logger, "_experiment", None) is not None:
+            logger.experiment.finish()
+
+
 def train(
     config: str | os.PathLike[str] | Mapping[str, Any],
     overrides: Mapping[str, Any] | None = None,
@@ -85,6 +93,7 @@ def train(
     finally:
         sys.argv = saved_argv
     trainer = cli.trainer
+    _finish_trackers(trainer)
     checkpoint = trainer.checkpoint_callback
     path = ""
     if checkpoint is not None:

@@ -15,6 +15,8 @@ from typing import Any
 
 import yaml
 
+LOGGERS = ("csv", "tensorboard", "wandb", "mlflow")  # demoscale.policies.cli.LOGGERS, without torch
+
 
 class SweepConfigError(ValueError):
     """A sweep file (or dict) that cannot describe a sweep; the message names the file and key."""
@@ -125,6 +127,9 @@ class SweepConfig:
     max_concurrent_trials: int | None = None
     fault_injection: FaultInjection = field(default_factory=FaultInjection)
     base_dir: str = "."  # relative paths resolve against it
+    # Experiment tracking of every trial's training: csv, tensorboard, wandb or mlflow (group = the
+    # sweep's name, run = the trial id, files under <output>/tracking); None = the training default.
+    logger: str | None = None
 
     def resolve(self, path: str) -> str:
         """``path`` as given if it is absolute or a URL, else relative to ``base_dir``."""
@@ -145,16 +150,15 @@ _SECTIONS = {
 
 
 def _build(cls: type, data: Any, where: str) -> Any:
+    """The one YAML -> dataclass path of the package (keys and types checked, named in errors)."""
+    from demoscale.conventions import ConfigError, dataclass_from_dict
+
     if not isinstance(data, dict):
         raise SweepConfigError(f"{where}: expected a mapping, got {type(data).__name__}")
-    names = {f.name for f in dataclasses.fields(cls)}
-    unknown = sorted(set(data) - names)
-    if unknown:
-        raise SweepConfigError(f"{where}: unknown key(s) {unknown}; allowed: {sorted(names)}")
     try:
-        return cls(**data)
-    except TypeError as err:
-        raise SweepConfigError(f"{where}: {err}") from None
+        return dataclass_from_dict(cls, data, where)
+    except ConfigError as err:
+        raise SweepConfigError(str(err)) from None
 
 
 def _as_list(value: Any, where: str) -> list:
@@ -198,24 +202,31 @@ def sweep_config_from_dict(data: dict[str, Any], source: str = "<dict>", base_di
     return config
 
 
-def load_sweep_config(path: str | os.PathLike) -> SweepConfig:
-    """Read a sweep YAML file.
+def load_sweep_config(path: str | os.PathLike, overrides: dict[str, Any] | None = None) -> SweepConfig:
+    """Read a sweep YAML file, with dotted ``overrides`` (``{"budget.steps": 200}``) applied on top.
 
     Relative paths inside it resolve against the current working folder, or against the file's own
     ``base_dir`` key (itself relative to the file) when it has one.
     """
+    from demoscale.conventions import ConfigError, apply_overrides
+
     path = Path(path)
     if not path.exists():
         raise SweepConfigError(f"sweep config not found: {path}")
     try:
         with open(path) as handle:
             data = yaml.safe_load(handle) or {}
-    except yaml.YAMLError as error:  # syntax errors, and tags (!!python/...) that safe loading refuses
-        raise SweepConfigError(f"{path}: not a valid sweep YAML file: {error}") from None
-    except (OSError, UnicodeDecodeError) as error:
-        raise SweepConfigError(f"{path}: cannot be read: {error}") from None
+    except yaml.YAMLError as err:  # syntax errors, and tags (!!python/...) that safe loading refuses
+        raise SweepConfigError(f"{path}: not a valid sweep YAML file: {err}") from None
+    except (OSError, UnicodeDecodeError) as err:
+        raise SweepConfigError(f"{path}: cannot be read: {err}") from None
     if not isinstance(data, dict):
         raise SweepConfigError(f"{path}: a sweep file is a mapping of keys, not a {type(data).__name__}")
+    if overrides:
+        try:
+            data = apply_overrides(data, overrides, str(path))
+        except ConfigError as err:
+            raise SweepConfigError(str(err)) from None
     if "base_dir" in data:
         data["base_dir"] = str((path.parent / str(data["base_dir"])).resolve())
     return sweep_config_from_dict(data, source=str(path), base_dir=os.getcwd())
@@ -260,3 +271,5 @@ def validate_sweep_config(config: SweepConfig, source: str = "<config>") -> None
         raise SweepConfigError(f"{source}: resources.cpu must be > 0 and resources.gpu >= 0")
     if config.retries < 0:
         raise SweepConfigError(f"{source}: retries must be >= 0")
+    if config.logger is not None and config.logger not in LOGGERS:
+        raise SweepConfigError(f"{source}: logger must be one of {', '.join(LOGGERS)}, got {config.logger!r}")

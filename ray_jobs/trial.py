@@ -251,6 +251,14 @@ def run_trial(
         CKPT_EVERY_KEY: int(config.budget.checkpoint_every_steps),
         CKPT_DIR_KEY: folder + "/checkpoints",
     }
+    if config.logger:
+        # group = the sweep, run = the trial; one tracking folder for the whole sweep.
+        overrides.update(
+            logger=config.logger,
+            logger_group=config.name,
+            run_name=point["trial_id"],
+            logger_dir=runtime.output.rstrip("/") + "/tracking",
+        )
     if resume_from:
         overrides[CKPT_PATH_KEY] = resume_from
     if recorded is not None:  # training finished in an earlier attempt: evaluate what it left

@@ -9,6 +9,7 @@ rule. Importing this module never imports torch (matplotlib loads only for ``plo
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import sys
 
@@ -70,11 +71,16 @@ def _fit_options(parser: argparse.ArgumentParser) -> None:
 
 
 def build_parser() -> argparse.ArgumentParser:
+    from demoscale.conventions import HelpFormatter
+
     parser = argparse.ArgumentParser(
         prog="demoscale laws",
         description="Fit data-scaling laws of 1 - score, plot them, and recommend what data to collect.",
+        formatter_class=HelpFormatter,
     )
     sub = parser.add_subparsers(dest="action", required=True, metavar="{fit,compare,plot,recommend}")
+    # Every action's options show their defaults too.
+    sub.add_parser = functools.partial(sub.add_parser, formatter_class=HelpFormatter)
 
     fit = sub.add_parser("fit", help="fit one law and print its summary")
     _common(fit)
@@ -123,6 +129,7 @@ def build_parser() -> argparse.ArgumentParser:
     plot.add_argument(
         "--extrapolate", type=float, default=4.0, help="shade up to this factor beyond the data"
     )
+    plot.add_argument("--target", type=float, default=None, help="draw this target score as a line")
 
     recommend = sub.add_parser(
         "recommend", help="the decision summary: what to add to reach a target score, and how sure that is"
@@ -249,6 +256,7 @@ def main(argv: list[str] | None = None) -> int:
                 seed=args.seed,
                 extrapolate=args.extrapolate,
                 dpi=args.dpi,
+                target=args.target,
             )
             for path in paths:
                 print(path)

@@ -20,7 +20,7 @@ from demoscale.scaling.table import (  # noqa: E402
     adjusted_gap,
     as_results_table,
 )
-from matplotlib.ticker import FuncFormatter, LogLocator, NullFormatter  # noqa: E402
+from matplotlib.ticker import FuncFormatter, LogLocator, NullFormatter, NullLocator  # noqa: E402
 from scipy.stats import norm  # noqa: E402
 
 PANEL_AXES: tuple[str, ...] = ("n_envs", "n_objects", "n_pairs", "demos_per_pair")
@@ -58,8 +58,16 @@ def _points(fit: LawFit, confidence: float) -> pd.DataFrame:
             low, high = mean - half, mean + half
         else:
             low = high = mean
+        rollouts = int(group["n"].sum()) if group["n"].notna().all() else None
         rows.append(
-            {"x": x, "score": mean, "low": max(low, 0.0), "high": min(high, 1.0), "trials": len(group)}
+            {
+                "x": x,
+                "score": mean,
+                "low": max(low, 0.0),
+                "high": min(high, 1.0),
+                "trials": len(group),
+                "rollouts": rollouts,
+            }
         )
     points = pd.DataFrame(rows)
     n_mean = None if fit.n_rollouts is None else np.nanmean(fit.n_rollouts)
@@ -69,7 +77,34 @@ def _points(fit: LawFit, confidence: float) -> pd.DataFrame:
     return points
 
 
-def _draw_panel(ax: plt.Axes, axis: str, fits: list[LawFit], extrapolate: float, confidence: float) -> None:
+SCORE_TICKS = (0.0, 0.5, 0.7, 0.8, 0.9, 0.95, 0.98, 0.99, 0.995, 0.999)
+
+
+def _score_axis(ax: plt.Axes) -> None:
+    """A second y axis on the right reading the same curves as score = 1 − gap."""
+    secondary = ax.secondary_yaxis("right", functions=(lambda gap: 1 - gap, lambda score: 1 - score))
+    low, high = ax.get_ylim()
+    ticks = [t for t in SCORE_TICKS if low <= 1 - t <= high]
+    secondary.set_yticks(ticks)
+    secondary.yaxis.set_major_formatter(FuncFormatter(lambda v, _: f"{v:g}"))
+    secondary.yaxis.set_minor_locator(NullLocator())
+    secondary.set_ylabel("score = 1 − gap")
+
+
+def _point_label(row: pd.Series) -> str:
+    if row["rollouts"] is not None and not pd.isna(row["rollouts"]):
+        return f"n={int(row['rollouts'])}" + (f"\n({int(row['trials'])} trials)" if row["trials"] > 1 else "")
+    return f"{int(row['trials'])} trial" + ("s" if row["trials"] > 1 else "")
+
+
+def _draw_panel(
+    ax: plt.Axes,
+    axis: str,
+    fits: list[LawFit],
+    extrapolate: float,
+    confidence: float,
+    target: float | None = None,
+) -> None:
     reference = fits[0]
     points = _points(reference, confidence)
     x_min, x_max = float(points["x"].min()), float(points["x"].max())
@@ -82,7 +117,6 @@ def _draw_panel(ax: plt.Axes, axis: str, fits: list[LawFit], extrapolate: float,
         label = f"{style['label']}: {fit.equation_text(2)}"
         if fit.r is not None:
             label += f" (r = {fit.r:.2f})"
-        label += f"; {confidence:.0%} band"
         ax.plot(
             grid,
             np.maximum(1 - prediction.score, 1e-4),
@@ -98,6 +132,7 @@ def _draw_panel(ax: plt.Axes, axis: str, fits: list[LawFit], extrapolate: float,
             color=style["color"],
             alpha=0.15,
             linewidth=0,
+            label=f"{style['label']}: {confidence:.0%} bootstrap band",
         )
     # Per-trial points faintly, means with their interval boldly.
     trial_gap = reference.gap
@@ -117,6 +152,20 @@ def _draw_panel(ax: plt.Axes, axis: str, fits: list[LawFit], extrapolate: float,
         zorder=4,
         label=f"mean per value ({confidence:.0%} interval)",
     )
+    # How much evidence each mean stands on: rollouts pooled (and trials), or trials alone.
+    for (_, row), y in zip(points.iterrows(), gap, strict=True):
+        ax.annotate(
+            _point_label(row),
+            (row["x"], y),
+            xytext=(6, 6),
+            textcoords="offset points",
+            fontsize=7,
+            color="0.25",
+            zorder=6,
+        )
+    if target is not None:
+        ax.axhline(1 - target, color="#2ca02c", linestyle="-.", linewidth=1.5, zorder=2,
+                   label=f"target score {target:g} (gap {1 - target:.3g})")  # fmt: skip
     adjusted = points["score"].isin([0.0, 1.0]).to_numpy()
     if adjusted.any():
         ax.scatter(
@@ -139,7 +188,9 @@ def _draw_panel(ax: plt.Axes, axis: str, fits: list[LawFit], extrapolate: float,
     held = ", ".join(f"{k} = {v:g}" for k, v in reference.held.items())
     ax.set_title(AXIS_LABELS.get(axis, axis).capitalize() + (f"\n({held})" if held else ""), fontsize=11)
     ax.grid(True, which="major", alpha=0.3)
-    ax.legend(fontsize=8, loc="lower left", framealpha=0.9)
+    # Below the axes: inside it would hide the target line or the extrapolated bands.
+    ax.legend(fontsize=7, loc="upper center", bbox_to_anchor=(0.5, -0.13), ncol=2, frameon=False)
+    _score_axis(ax)
 
 
 def plot_laws(
@@ -155,13 +206,16 @@ def plot_laws(
     name: str = "scaling_laws",
     separate: bool = True,
     dpi: int = 150,
+    target: float | None = None,
 ) -> list[Path]:
     """Draw one log-log panel per axis present (environments, objects, pairs, demos per pair).
 
     By default the pairs panel is drawn only when both environments and objects vary (otherwise it
-    repeats one of them). Each panel shows the trials, the mean per axis value with a Wilson interval (pooled rollouts) or
-    a normal interval over trials, each fitted law with its bootstrap band and fitted equation, and
-    the extrapolation region (up to ``extrapolate`` x the largest tested value) shaded. Writes
+    repeats one of them). Each panel shows the trials, the mean per axis value with a Wilson interval
+    (pooled rollouts) or a normal interval over trials and the number of rollouts (and trials) behind
+    it, each fitted law with its fitted equation and its labelled bootstrap band at ``confidence``,
+    the extrapolation region (up to ``extrapolate`` x the largest tested value) shaded, the
+    ``target`` score as a line when given, and a score axis (1 − gap) beside the gap axis. Writes
     ``<name>.png`` and ``<name>.svg`` (all panels) and, when ``separate``, ``<name>_<axis>.png/.svg``
     per panel (PNG at ``dpi``); returns the paths written.
     """
@@ -198,7 +252,7 @@ def plot_laws(
         raise ResultsError(f"{results.source}: nothing to plot ({'; '.join(skipped) or 'no axis varies'})")
 
     with plt.rc_context({"svg.fonttype": "none"}):  # SVG text stays text: smaller, searchable, faster
-        return _render(panels, out_dir, name, separate, extrapolate, confidence, dpi)
+        return _render(panels, out_dir, name, separate, extrapolate, confidence, dpi, target)
 
 
 def _render(
@@ -209,11 +263,12 @@ def _render(
     extrapolate: float,
     confidence: float,
     dpi: int,
+    target: float | None = None,
 ) -> list[Path]:
     written: list[Path] = []
-    figure, grid_axes = plt.subplots(1, len(panels), figsize=(6.4 * len(panels), 5.2), squeeze=False)
+    figure, grid_axes = plt.subplots(1, len(panels), figsize=(6.4 * len(panels), 6.8), squeeze=False)
     for ax, (axis, fits) in zip(grid_axes[0], panels, strict=True):
-        _draw_panel(ax, axis, fits, extrapolate, confidence)
+        _draw_panel(ax, axis, fits, extrapolate, confidence, target)
     # Two lines: one panel is 6.4 inches wide, too narrow for the title on one line.
     figure.suptitle(
         "Scaling laws of the optimality gap\n(shaded: extrapolation beyond the tested data)", fontsize=12
@@ -225,8 +280,8 @@ def _render(
         written.append(path)
     plt.close(figure)
     for axis, fits in panels if separate else []:
-        figure, ax = plt.subplots(figsize=(6.8, 5.2))
-        _draw_panel(ax, axis, fits, extrapolate, confidence)
+        figure, ax = plt.subplots(figsize=(6.8, 6.8))
+        _draw_panel(ax, axis, fits, extrapolate, confidence, target)
         figure.tight_layout()
         for suffix in ("png", "svg"):
             path = out_dir / f"{name}_{axis}.{suffix}"

@@ -273,6 +273,10 @@ class TabletopEnv:
             self._renderer = OffscreenRenderer(self.model, self.image_size)
         return self._renderer.render(self.data, camera)
 
+    def image_cameras(self) -> dict[str, str]:
+        """Store key -> the MuJoCo camera that renders it (``camera{i}_rgb`` -> ``cameras[i]``)."""
+        return {f"camera{i}_rgb": camera for i, camera in enumerate(self.cameras)}
+
     def observe(self) -> dict[str, np.ndarray]:
         obs = self.low_dim()
         if self.render_images:

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 from demoscale.eval.tabletop.env import TabletopEnv
@@ -430,16 +431,21 @@ class PickPlaceEnv(TabletopEnv):
 
 
 def write_umi_demos(
-    directory: Path, episodes: Sequence[Mapping[str, np.ndarray]], rate_hz: float
+    directory: Path,
+    episodes: Sequence[Mapping[str, np.ndarray]],
+    rate_hz: float,
+    capture: Mapping[str, Any] | None = None,
 ) -> list[Path]:
-    """Write episodes (store keys -> time-major arrays) as one UMI ``dataset.zarr.zip`` in ``directory``."""
+    """Write episodes (store keys -> time-major arrays) as one UMI ``dataset.zarr.zip`` in
+    ``directory``; ``capture`` (camera key -> what rendered it) goes into the zip's attributes."""
     from demoscale.collect.umi import write_umi_zip
 
     umi_episodes = [
         {key: value for key, value in episode.items() if key.startswith(("camera", "robot"))}
         for episode in episodes
     ]
-    return [write_umi_zip(Path(directory) / "dataset.zarr.zip", umi_episodes, rate_hz=rate_hz)]
+    path = Path(directory) / "dataset.zarr.zip"
+    return [write_umi_zip(path, umi_episodes, rate_hz=rate_hz, capture=capture)]
 
 
 _LOW_DIM = {"robot0_eef_pos": (3,), "robot0_eef_rot_axis_angle": (3,), "robot0_gripper_width": (1,)}

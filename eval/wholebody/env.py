@@ -334,6 +334,10 @@ class WholeBodyEnv:
         )
 
     # ----------------------------------------------------------------- observations
+    def image_cameras(self) -> dict[str, str]:
+        """Store key -> the MuJoCo camera that renders it (``<camera>_rgb``)."""
+        return {f"{camera}_rgb": camera for camera in self.config.cameras}
+
     def observe(self) -> dict[str, np.ndarray]:
         """The observation dict (store keys; see the module docstring)."""
         images = self._cameras()

@@ -108,10 +108,16 @@ def episode_to_joylo(episode: Mapping[str, np.ndarray], rate_hz: float = 10.0) -
 
 
 def write_joylo_demos(
-    directory: Path, episodes: Sequence[Mapping[str, np.ndarray]], rate_hz: float = 10.0
+    directory: Path,
+    episodes: Sequence[Mapping[str, np.ndarray]],
+    rate_hz: float = 10.0,
+    capture: Mapping[str, Any] | None = None,
 ) -> list[Path]:
     """Write each episode as ``episode_<k>.h5`` (raw JoyLo) in ``directory``; numbering continues
-    after files already there, so repeated calls add episodes."""
+    after files already there, so repeated calls add episodes. ``capture`` (image key -> what
+    rendered it) goes into the file attribute ``capture`` as JSON."""
+    import json
+
     from demoscale.collect.joylo import write_joylo_episode
 
     directory = Path(directory)
@@ -125,6 +131,8 @@ def write_joylo_demos(
         attrs = {"record_freq": float(rate_hz), "robot": "galaxea_r1_sim", "task": "fetch_shelf"}
         for sensor in ("joint_state", "gripper_state", "odom", "point_cloud", "rgb"):
             attrs[f"{sensor}_freq"] = float(rate_hz)
+        if capture:
+            attrs["capture"] = json.dumps(dict(capture))
         path = directory / f"episode_{index}.h5"
         paths.append(write_joylo_episode(path, episode_to_joylo(episode, rate_hz), attrs))
         index += 1

@@ -195,5 +195,5 @@ def test_merged_file_failing_half_way_writes_nothing(
     ):
         ingest_joylo(merged, store, progress=False)
     assert snapshot(store) == before
-    assert cli_main(["joylo", str(merged), "--store", str(store), "--no-progress"]) == 1
+    assert cli_main(["joylo", str(merged), "--store", str(store), "--no-progress"]) == 2
     assert snapshot(store) == before

@@ -146,7 +146,7 @@ def test_truncated_plan_fails_in_the_cli(tmp_path, session, capsys):
     (bad_session / "demos").mkdir(parents=True)
     (bad_session / "dataset_plan.pkl").write_bytes((root / "dataset_plan.pkl").read_bytes()[:50])
     assert (
-        cli_main(["umi-session", str(bad_session), "--store", str(tmp_path / "store"), "--no-progress"]) == 1
+        cli_main(["umi-session", str(bad_session), "--store", str(tmp_path / "store"), "--no-progress"]) == 2
     )
     assert "dataset_plan.pkl: cannot be unpickled" in capsys.readouterr().err
     assert not (tmp_path / "store").exists()

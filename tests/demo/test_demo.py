@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -13,6 +14,7 @@ from demoscale import DEFAULT_CONFIDENCE
 from demoscale.demo import (
     DemoConfig,
     _fit_and_recommend,
+    _report_html,
     _report_markdown,
     _Stages,
     load_demo_config,
@@ -21,6 +23,7 @@ from demoscale.demo import (
 
 REPORT_FILES = [
     "report.md",
+    "report.html",
     "results.csv",
     "results.parquet",
     "rollouts.csv",
@@ -90,6 +93,19 @@ def test_report_decision_is_the_laws_recommend_summary(
     assert decision.status == "extrapolation"  # the demo's answer: not "out of reach"
     assert "score (90% interval)" in report and "success rate (90% interval)" in report
 
+    # The HTML page beside it: the same decision, the figure, the table, the videos in place.
+    import html
+
+    videos = {"diffusion-e4-o1-d6-s0": ["sweep/trials/diffusion-e4-o1-d6-s0/eval/videos/rollout_0.mp4"]}
+    page = _report_html(config, False, results, fit, decision, plots, stages.seconds, 1.0,
+                        tmp_path / "report", videos)  # fmt: skip
+    assert page.startswith("<!DOCTYPE html>") and page.rstrip().endswith("</html>")
+    assert html.escape(decision.summary()) in page
+    assert '<img class="figure" src="plots/scaling_laws.png"' in page
+    assert page.count("<tr><td") >= len(results)  # one row per trial (and the timing rows)
+    assert '<video controls muted preload="metadata" width="320" src="sweep/trials/diffusion-e4' in page
+    assert "4 training environment(s), seed 0" in page
+
 
 def test_demo_config_rejects_too_few_environment_counts() -> None:
     with pytest.raises(ValueError, match="at least three environment counts"):
@@ -127,6 +143,16 @@ def test_quick_demo_writes_a_complete_report(tmp_path: Path, terminal) -> None:
     report = (out / "report.md").read_text()
     assert "Fitted law" in report and "Time per stage" in report
     assert "demoscale demo finished" in output
+    # Rollout videos people can open, linked from both reports: H.264, one player per trial.
+    page = (out / "report.html").read_text()
+    sources = re.findall(r'<video [^>]*src="([^"]+)"', page)
+    assert len(sources) == len(results), page
+    for source in sources:
+        assert (out / source).is_file() and f"({source})" in report
+    import av
+
+    with av.open(str(out / sources[0])) as container:
+        assert container.streams.video[0].codec_context.name == "h264"
 
 
 @pytest.mark.slow

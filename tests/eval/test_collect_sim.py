@@ -66,7 +66,7 @@ def test_collect_cli(tmp_path, capsys) -> None:
     assert (out / "push" / "env_0" / "object_0" / "dataset.zarr.zip").exists()
     assert collect_main(["sim", "--task", "fly", "--envs", "1", "--objects", "1", "--demos-per-pair", "1",
                          "--out", str(out)]) == 2  # fmt: skip
-    assert "unknown task 'fly'" in capsys.readouterr().out
+    assert "unknown task 'fly'" in capsys.readouterr().err  # errors go to stderr
 
 
 def test_unique_pairing_gives_each_environment_its_own_object(tmp_path) -> None:

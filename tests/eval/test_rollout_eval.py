@@ -118,6 +118,13 @@ def test_evaluate_expert_writes_rollouts_summary_and_videos(tmp_path) -> None:
     assert summary["score"] == pytest.approx(rollouts["score"].mean())
     videos = list((tmp_path / "videos").iterdir())
     assert len(videos) == 1 and videos[0].stat().st_size > 1000
+    assert rollouts.loc[0, "video"] == str(videos[0]) and videos[0].suffix == ".mp4"
+    import av  # browsers play H.264 in yuv420p; OpenCV's default mp4v they do not
+
+    with av.open(str(videos[0])) as container:
+        stream = container.streams.video[0]
+        assert (stream.codec_context.name, stream.codec_context.pix_fmt) == ("h264", "yuv420p")
+        assert sum(1 for _ in container.decode(stream)) == rollouts.loc[0, "steps"] + 1
     assert result.summary["env_ids"] == [0, 1]
 
 

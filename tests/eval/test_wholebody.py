@@ -191,6 +191,10 @@ def test_collect_sim_writes_fetch_shelf_demos_that_ingest(tmp_path) -> None:
     episode = store.episode(0)
     assert episode["pointcloud_xyz"].shape[1:] == (1024, 3) and episode["head_rgb"].shape[1:] == (48, 48, 3)
     assert episode["action"][:, 0].max() > 0.2  # the base drove to the shelf
+    # The camera that rendered head_rgb travels in the JoyLo file into the store's feature spec.
+    assert store.features["head_rgb"].source == {
+        "task": "fetch_shelf", "camera": "head", "image_size": 48, "env_options": {}
+    }  # fmt: skip
 
 
 def test_triton_loading_after_rendering_does_not_crash() -> None:

@@ -160,3 +160,24 @@ def test_sweep_joins_a_cluster_started_with_ray_start(sweep_files, monkeypatch) 
         time.sleep(0.5)
     assert not _processes_mentioning(temp_dir)
     shutil.rmtree(temp_dir, ignore_errors=True)
+
+
+@pytest.mark.slow
+def test_sweep_logger_flag_tracks_every_trial_as_a_run_of_the_sweep_group(sweep_files, tmp_path) -> None:
+    """``demoscale sweep --logger tensorboard``: group = the sweep's name, run = the trial id."""
+    pytest.importorskip("tensorboard")
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    sweep = dict(sweep_files["sweep"], grid={"n_envs": [1, 2], "demos_per_pair": [2]})
+    sweep["budget"] = dict(sweep["budget"], steps=2)
+    training = str(sweep_files["training"])
+    sweep["policies"] = {"tiny": {"config": training, "overrides": {"trainer.log_every_n_steps": 1}}}
+    config = tmp_path / "sweep.yaml"
+    config.write_text(yaml.safe_dump(sweep))
+    assert sweep_main(["--config", str(config), "--logger", "tensorboard"]) == 0
+    group = sweep_files["output"] / "tracking" / "tensorboard" / "test"
+    assert sorted(p.name for p in group.iterdir()) == ["tiny-e1-o1-d2-s0", "tiny-e2-o1-d2-s0"]
+    for run in group.iterdir():
+        events = EventAccumulator(str(run))
+        events.Reload()
+        assert "train/loss" in events.Tags()["scalars"], run

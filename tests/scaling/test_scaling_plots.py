@@ -26,3 +26,19 @@ def test_plots_written_as_png_and_svg(tmp_path, synthetic):
     for label in ("Training environments", "Objects per environment", "Environment-object pairs"):
         assert label in svg
     assert "Demonstrations per pair" not in svg
+
+
+def test_figure_reads_as_score_too_and_shows_target_bands_and_evidence(tmp_path, demo_shaped_results):
+    """Beside the gap axis a score axis; labelled bands; n per point; the target line (from the SVG text)."""
+    paths = plot_laws(
+        demo_shaped_results, tmp_path, axes=["n_envs"], n_bootstrap=100, separate=False, dpi=72, target=0.9
+    )
+    svg = paths[1].read_text()
+    assert "score = 1 − gap" in svg  # the second y axis
+    assert "target score 0.9 (gap 0.1)" in svg
+    assert "log-log OLS: 90% bootstrap band" in svg and "saturating: 90% bootstrap band" in svg
+    # Each mean stands on two trials of 60 rollouts each (the demo-shaped table).
+    assert svg.count("n=120") == 4 and "(2 trials)" in svg
+    untargeted = plot_laws(demo_shaped_results, tmp_path / "none", axes=["n_envs"], n_bootstrap=50,
+                           separate=False, dpi=72)  # fmt: skip
+    assert "target score" not in untargeted[1].read_text()
