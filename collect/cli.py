@@ -8,7 +8,7 @@ import json
 import sys
 from dataclasses import asdict
 
-from demoscale.collect.ingest import IngestError
+from demoscale.collect.ingest import IngestError, IngestLockTimeout
 
 
 def _common(parser: argparse.ArgumentParser, ids: bool = True, manifest: bool = False) -> None:
@@ -143,6 +143,9 @@ def main(argv: list[str]) -> int:
         return 2
     try:
         summary = run(args)
+    except IngestLockTimeout as error:  # the input is fine; another writer kept the store too long
+        print(f"demoscale ingest: error: {error}", file=sys.stderr)
+        return 1
     except IngestError as error:  # the sources (or the store) given cannot be ingested: an input error
         print(f"demoscale ingest: error: {error}", file=sys.stderr)
         return 2

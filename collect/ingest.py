@@ -36,6 +36,11 @@ class IngestError(Exception):
     """A source cannot be ingested; the message names the file, key and episode."""
 
 
+class IngestLockTimeout(IngestError):
+    """Another process held the store's writer lock for longer than the ingest would wait: nothing
+    is wrong with the input, the run failed (exit 1, not 2)."""
+
+
 @dataclass
 class EpisodePlan:
     """One validated source episode, ready to be loaded and appended."""
@@ -375,7 +380,7 @@ def write_plans(
             try:
                 locked.enter_context(writer_lock(location, lock_timeout, what="ingest into"))
             except StoreLockTimeout as error:
-                raise IngestError(str(error)) from None
+                raise IngestLockTimeout(str(error)) from None
             existed = _store_exists(location)
             if existed:  # another writer may have created or changed the store since the checks above
                 _codec_of(location, features, image_codec)
