@@ -8,14 +8,13 @@ from typing import Any
 
 import numpy as np
 import torch
-from demoscale.policies.config_utils import from_plain
+from demoscale.policies.families import UnknownFamilyError, get_family
 from demoscale.policies.lightning_module import CHECKPOINT_KEY
-
-SUPPORTED_FAMILIES = ("diffusion", "wbvima")
 
 
 class Policy:
-    """A trained policy ready to act (EMA weights, eval mode).
+    """A trained policy ready to act (EMA weights, eval mode), over any family's network
+    (:class:`~demoscale.policies.base.PolicyNetwork`).
 
     Attributes:
         obs_offsets: key -> frame offsets of the observation window the policy expects.
@@ -38,7 +37,8 @@ class Policy:
         self.action_keys = list(config.action_keys)
         self.horizon = int(config.horizon)
         self.n_action_steps = int(config.n_action_steps)
-        self.num_inference_steps = num_inference_steps or int(config.num_inference_steps)
+        default_steps = getattr(config, "num_inference_steps", None)  # only iterative samplers have one
+        self.num_inference_steps = num_inference_steps or (int(default_steps) if default_steps else None)
         self.action_dim = int(network.action_dim)
 
     def _to_tensors(self, obs_window: Mapping[str, np.ndarray], batched: bool) -> dict[str, torch.Tensor]:
@@ -70,7 +70,9 @@ class Policy:
         generator = None
         if seed is not None:
             generator = torch.Generator(self.device).manual_seed(seed)
-        actions = self.network.predict_action(obs, self.num_inference_steps, generator=generator)
+        with torch.no_grad():
+            condition = self.network.encode(obs)
+            actions = self.network.act_from_condition(condition, obs, self.num_inference_steps, generator)
         return actions.float().cpu().numpy()
 
     def predict_action(self, obs_window: Mapping[str, np.ndarray], seed: int | None = None) -> np.ndarray:
@@ -123,8 +125,9 @@ def load_policy(
 ) -> Policy:
     """Rebuild a policy from a checkpoint alone (feature spec and statistics travel inside it).
 
-    Raises ValueError for a checkpoint that is not a demoscale policy, or of a family this loader does
-    not know. Uses the EMA weights when the run kept them.
+    The checkpoint's ``family`` is looked up in the registry (:mod:`demoscale.policies.families`), whose
+    entry rebuilds the config and the network. Raises ValueError for a checkpoint that is not a
+    demoscale policy, or of a family not registered. Uses the EMA weights when the run kept them.
     """
     path = os.fspath(checkpoint_path)
     if not os.path.exists(path):
@@ -133,21 +136,11 @@ def load_policy(
     meta = checkpoint.get(CHECKPOINT_KEY) if isinstance(checkpoint, dict) else None
     if meta is None:
         raise ValueError(f"{path} is not a demoscale policy checkpoint (no '{CHECKPOINT_KEY}' metadata)")
-    family = meta.get("family")
-    if family not in SUPPORTED_FAMILIES:
-        raise ValueError(
-            f"{path} holds a policy of family {family!r}; load_policy handles {list(SUPPORTED_FAMILIES)}"
-        )
-    if family == "wbvima":
-        from demoscale.policies.wbvima import WBVIMAConfig, WBVIMAPolicy
-
-        network = WBVIMAPolicy(from_plain(WBVIMAConfig, meta["policy_config"]), meta["features"])
-    else:
-        from demoscale.policies.diffusion.config import DiffusionConfig
-        from demoscale.policies.waypoint_head import make_diffusion_policy
-
-        config = from_plain(DiffusionConfig, meta["policy_config"])
-        network = make_diffusion_policy(config, meta["features"])
+    try:
+        family = get_family(meta.get("family"))
+    except UnknownFamilyError as error:
+        raise UnknownFamilyError(f"{path}: {error}") from None
+    network = family.build_network(family.config_from_dict(meta["policy_config"]), meta["features"])
     prefix = "ema.averaged." if meta.get("ema") else "policy."
     state = {k[len(prefix) :]: v for k, v in checkpoint["state_dict"].items() if k.startswith(prefix)}
     if not state:

@@ -1,8 +1,9 @@
 """The diffusion policy network: observation encoder + FiLM U-Net denoiser + diffusers scheduler.
 
-:class:`DiffusionPolicy` is a plain ``nn.Module`` (no Lightning): ``compute_loss(batch)`` for
-training and ``predict_action(obs)`` for inference, both on batches in the sample format of
-``demoscale.datasets``. Normalisation statistics live in buffers inside it.
+:class:`DiffusionPolicy` is a plain ``nn.Module`` (no Lightning) implementing the policy contract
+(:mod:`demoscale.policies.base`): ``compute_losses(batch)`` for training, ``encode(obs)`` and
+``act_from_condition(...)`` (or both at once, ``predict_action(obs)``) for inference, on batches in
+the sample format of ``demoscale.datasets``. Normalisation statistics live in buffers inside it.
 """
 
 from __future__ import annotations
@@ -24,7 +25,7 @@ from torch import nn
 ACTION = "action"  # the normaliser key of the (concatenated, possibly relative) action vector
 
 
-def make_scheduler(config: DiffusionConfig):  # noqa: ANN201 - a diffusers scheduler
+def make_scheduler(config: DiffusionConfig) -> Any:  # a diffusers scheduler
     """The diffusers noise scheduler named by the config."""
     from diffusers import DDIMScheduler, DDPMScheduler
 
@@ -159,13 +160,23 @@ class DiffusionPolicy(nn.Module):
     def encode(self, obs: Mapping[str, torch.Tensor]) -> torch.Tensor:
         return self.obs_encoder(self.normalize_obs(obs))
 
+    def compute_losses(
+        self, batch: Mapping[str, Any], generator: torch.Generator | None = None
+    ) -> dict[str, torch.Tensor]:
+        """Training losses of a batch in the datasets sample format: ``loss`` (denoising)."""
+        return {"loss": self.denoising_loss(batch, self.encode(batch["obs"]), generator)}
+
     def compute_loss(
         self, batch: Mapping[str, Any], generator: torch.Generator | None = None
     ) -> torch.Tensor:
-        """Denoising loss of a batch in the datasets sample format."""
-        obs = batch["obs"]
-        target_action = self.action_to_model(batch["action"], obs)
-        cond = self.encode(obs)
+        """The total training loss (``compute_losses(batch)["loss"]``)."""
+        return self.compute_losses(batch, generator)["loss"]
+
+    def denoising_loss(
+        self, batch: Mapping[str, Any], cond: torch.Tensor, generator: torch.Generator | None = None
+    ) -> torch.Tensor:
+        """Denoising loss of the batch's action chunks given their encoded condition."""
+        target_action = self.action_to_model(batch["action"], batch["obs"])
         batch_size = target_action.shape[0]
         device = target_action.device
         noise = torch.randn(target_action.shape, generator=generator, device=device)

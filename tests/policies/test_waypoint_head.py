@@ -11,17 +11,11 @@ from demoscale.datasets.waypoints import label_store_waypoints
 from demoscale.policies.config_utils import from_plain
 from demoscale.policies.diffusion.config import DiffusionConfig
 from demoscale.policies.diffusion.model import policy_statistics
-from demoscale.policies.waypoint_head import WaypointDiffusionPolicy, make_diffusion_policy
+from demoscale.policies.diffusion.waypoint import WaypointDiffusionPolicy, make_diffusion_policy
 from demoscale.policies.wbvima import WBVIMAConfig, WBVIMAPolicy
 from test_wbvima_train import build_joylo_store, wbvima_config
 
-
-@pytest.fixture(autouse=True)
-def one_torch_thread():
-    previous = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(previous)
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 
 def _train(policy: torch.nn.Module, dataset: EpisodeDataset, steps: int, lr: float = 3e-3) -> list[dict]:
