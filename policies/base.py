@@ -8,8 +8,9 @@ A family is three things, named once in the registry (:mod:`demoscale.policies.f
   stats)`` from the store's feature spec and normalisation statistics (``stats`` is None when a
   checkpoint's weights, statistics included, are loaded right after);
 - a **LightningModule**, a subclass of :class:`~demoscale.policies.lightning_module.PolicyModule` whose
-  ``family`` is the registry name and whose ``__init__`` types its ``policy`` argument with the config
-  class (so the training CLI can parse it). Training, validation, logging, EMA, checkpoints and loading
+  ``family`` is the registry name and whose ``__init__(self, policy: Config | None = None, **kwargs)``
+  types ``policy`` with the config class (so the training CLI parses YAML into it) and passes
+  ``kwargs`` on to the base. Training, validation, logging, EMA, checkpoints and loading
   are the base module's; a family overrides only what differs (``policy_statistics``,
   ``check_features``, ``encoder_parameters``).
 

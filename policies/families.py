@@ -108,12 +108,13 @@ def get_family(name: str) -> PolicyFamily:
         return FAMILIES[name]
     except (KeyError, TypeError):
         raise UnknownFamilyError(
-            f"unknown policy family {name!r}; registered: {sorted(FAMILIES)} (a family of your own is "
+            f"unknown policy family {name!r}; registered: {family_names()} (a family of your own is "
             "added with demoscale.policies.register_family)"
         ) from None
 
 
 def family_names() -> list[str]:
+    """The registered family names, sorted."""
     return sorted(FAMILIES)
 
 

@@ -10,8 +10,9 @@ checkpoint metadata that lets :func:`demoscale.policies.load_policy` rebuild the
 store.
 
 A family subclasses it next to its network (``policies/diffusion/lightning.py``,
-``policies/wbvima/lightning.py``): it sets ``family`` to its registry name and declares ``__init__``
-with its typed config; the contract is in :mod:`demoscale.policies.base`.
+``policies/wbvima/lightning.py``): it sets ``family`` to its registry name and declares
+``__init__(self, policy: Config | None = None, **kwargs)``; the contract is in
+:mod:`demoscale.policies.base`.
 """
 
 from __future__ import annotations

@@ -8,7 +8,7 @@ from typing import Any
 import numpy as np
 from demoscale.policies.diffusion.config import DiffusionConfig
 from demoscale.policies.diffusion.model import check_keys, policy_statistics
-from demoscale.policies.lightning_module import EMAConfig, OptimizerConfig, PolicyModule
+from demoscale.policies.lightning_module import PolicyModule
 
 
 class DiffusionPolicyModule(PolicyModule):
@@ -16,30 +16,15 @@ class DiffusionPolicyModule(PolicyModule):
 
     Args:
         policy: the network and representation settings (:class:`DiffusionConfig`).
-        optimizer, ema, compile, seed, global_batch_size: see :class:`PolicyModule`.
+        kwargs: ``optimizer``, ``ema``, ``compile``, ``seed``, ``global_batch_size`` of :class:`PolicyModule`.
     """
 
     family = "diffusion"
 
-    def __init__(
-        self,
-        policy: DiffusionConfig | None = None,
-        optimizer: OptimizerConfig | None = None,
-        ema: EMAConfig | None = None,
-        compile: bool = False,
-        seed: int = 0,
-        global_batch_size: int | None = None,
-    ):
+    def __init__(self, policy: DiffusionConfig | None = None, **kwargs: Any):
         # No Lightning hparams: the CLI's config.yaml records the run, and the checkpoint's own
         # metadata (on_save_checkpoint) rebuilds the policy.
-        super().__init__(
-            policy or DiffusionConfig(),
-            optimizer=optimizer,
-            ema=ema,
-            compile=compile,
-            seed=seed,
-            global_batch_size=global_batch_size,
-        )
+        super().__init__(policy or DiffusionConfig(), **kwargs)
 
     def check_features(self, features: Mapping[str, Any]) -> None:
         check_keys(self.policy_config, features)

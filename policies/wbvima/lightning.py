@@ -8,7 +8,7 @@ from typing import Any
 from torch import nn
 
 from ..config_utils import to_plain
-from ..lightning_module import EMAConfig, OptimizerConfig, PolicyModule
+from ..lightning_module import PolicyModule
 from .config import WBVIMAConfig
 from .model import validate_against_features
 
@@ -18,36 +18,21 @@ class WBVIMAModule(PolicyModule):
 
     Args:
         policy: the network settings (:class:`WBVIMAConfig`; the chain of parts is configuration).
-        optimizer, ema, compile, seed, global_batch_size: see :class:`PolicyModule`.
+        kwargs: ``optimizer``, ``ema``, ``compile``, ``seed``, ``global_batch_size`` of :class:`PolicyModule`.
     """
 
     family = "wbvima"
 
-    def __init__(
-        self,
-        policy: WBVIMAConfig | None = None,
-        optimizer: OptimizerConfig | None = None,
-        ema: EMAConfig | None = None,
-        compile: bool = False,
-        seed: int = 0,
-        global_batch_size: int | None = None,
-    ):
-        super().__init__(
-            policy or WBVIMAConfig(),
-            optimizer=optimizer,
-            ema=ema,
-            compile=compile,
-            seed=seed,
-            global_batch_size=global_batch_size,
-        )
+    def __init__(self, policy: WBVIMAConfig | None = None, **kwargs: Any):
+        super().__init__(policy or WBVIMAConfig(), **kwargs)
         self.save_hyperparameters(
             {
                 "policy": to_plain(self.policy_config),
                 "optimizer": to_plain(self.optimizer_config),
                 "ema": to_plain(self.ema_config),
-                "compile": compile,
-                "seed": seed,
-                "global_batch_size": global_batch_size,
+                "compile": self.compile_policy,
+                "seed": self.seed,
+                "global_batch_size": self.global_batch_size,
             }
         )
 

@@ -22,7 +22,7 @@ from demoscale.eval import evaluate
 from demoscale.policies import PolicyFamily, load_policy, register_family, train
 from demoscale.policies.executor import HierarchicalExecutor, ReplayEnv
 from demoscale.policies.families import UnknownFamilyError, get_family, unregister_family
-from demoscale.policies.lightning_module import EMAConfig, OptimizerConfig, PolicyModule
+from demoscale.policies.lightning_module import PolicyModule
 from demoscale.policies.normalize import Normalizer
 from torch import nn
 
@@ -79,14 +79,8 @@ class LinearChunkPolicy(nn.Module):
 class LinearChunkModule(PolicyModule):
     family = "linear_chunk"
 
-    def __init__(
-        self,
-        policy: LinearChunkConfig | None = None,
-        optimizer: OptimizerConfig | None = None,
-        ema: EMAConfig | None = None,
-        seed: int = 0,
-    ):
-        super().__init__(policy or LinearChunkConfig(), optimizer=optimizer, ema=ema, seed=seed)
+    def __init__(self, policy: LinearChunkConfig | None = None, **kwargs: Any):
+        super().__init__(policy or LinearChunkConfig(), **kwargs)
 
 
 LINEAR_CHUNK = PolicyFamily("linear_chunk", LinearChunkConfig, LinearChunkPolicy, LinearChunkModule)
