@@ -18,7 +18,14 @@ from test_wbvima_train import build_joylo_store, wbvima_config
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 
+def _attribute_names(network: torch.nn.Module) -> dict[str, set[str]]:
+    return {name: set(vars(module)) for name, module in network.named_modules()}
+
+
 def _train(policy: torch.nn.Module, dataset: EpisodeDataset, steps: int, lr: float = 3e-3) -> list[dict]:
+    """Plain training steps on ``compute_losses``, which must leave no state behind on the network
+    (nothing may pass from ``encode`` to the loss through attributes: unsafe under threads and DDP)."""
+    attributes = _attribute_names(policy)
     torch.manual_seed(0)
     loader = torch.utils.data.DataLoader(dataset, batch_size=8, shuffle=True, drop_last=True)
     optimizer = torch.optim.AdamW(policy.parameters(), lr=lr)
@@ -32,6 +39,7 @@ def _train(policy: torch.nn.Module, dataset: EpisodeDataset, steps: int, lr: flo
             history.append({k: float(v) for k, v in losses.items()})
             if len(history) == steps:
                 break
+    assert _attribute_names(policy) == attributes, "compute_losses left attributes on the network"
     return history
 
 
