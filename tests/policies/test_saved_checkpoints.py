@@ -9,12 +9,13 @@ rebuild a network, to normalisation or to sampling fails here instead of in a us
 
 from __future__ import annotations
 
+import importlib
 from pathlib import Path
 
 import numpy as np
 import pytest
 import torch
-from demoscale.policies import load_policy
+from demoscale.policies import get_family, load_policy
 from demoscale.policies.lightning_module import CHECKPOINT_FORMAT, CHECKPOINT_KEY
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "checkpoints"
@@ -61,3 +62,7 @@ def test_saved_checkpoint_metadata_is_readable_without_pickled_classes(name: str
     assert {"policy_config", "features", "stats", "ema", "module_class"} <= set(meta)
     prefix = "ema.averaged." if meta["ema"] else "policy."
     assert any(key.startswith(prefix) for key in checkpoint["state_dict"])
+    # The module class it recorded (the diffusion module's old home among them) still imports.
+    module_path, _, class_name = meta["module_class"].rpartition(".")
+    module_class = getattr(importlib.import_module(module_path), class_name)
+    assert module_class is get_family(meta["family"]).module_class()
