@@ -6,7 +6,8 @@ A family is three things, named once in the registry (:mod:`demoscale.policies.f
   it under ``model.init_args.policy`` and checkpoints carry it as a plain dict;
 - a **network** (:class:`PolicyNetwork`), a plain ``nn.Module`` built by ``network(config, features,
   stats)`` from the store's feature spec and normalisation statistics (``stats`` is None when a
-  checkpoint's weights, statistics included, are loaded right after);
+  checkpoint's weights, statistics included, are loaded right after); subclassing
+  :class:`PolicyNetworkBase` adds ``compute_loss`` and ``predict_action``;
 - a **LightningModule**, a subclass of :class:`~demoscale.policies.lightning_module.PolicyModule` whose
   ``family`` is the registry name and whose ``__init__(self, policy: Config | None = None, **kwargs)``
   types ``policy`` with the config class (so the training CLI parses YAML into it) and passes
@@ -25,10 +26,10 @@ passes between calls through the network's attributes: ``compute_losses`` recomp
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
+from typing import Any, Protocol, runtime_checkable
 
-if TYPE_CHECKING:
-    import torch
+import torch
+from torch import nn
 
 LOSS = "loss"  # the key of the total loss in ``compute_losses``' result; every other key is a logged part
 
@@ -96,6 +97,26 @@ class PolicyNetwork(Protocol):
         """A condition from :meth:`encode` (and the same observation windows) -> (B, horizon,
         action_dim) actions in the store's absolute units; no gradient needed."""
         ...
+
+
+class PolicyNetworkBase(nn.Module):
+    """An optional base class of a family's network: the conveniences every network shares, built on
+    the contract's methods (it adds no parameters, so state-dict keys are unchanged)."""
+
+    def compute_loss(self, batch: Mapping[str, Any], **kwargs: Any) -> torch.Tensor:
+        """The total training loss (``compute_losses(batch)["loss"]``)."""
+        return self.compute_losses(batch, **kwargs)[LOSS]
+
+    @torch.no_grad()
+    def predict_action(
+        self,
+        obs: Mapping[str, torch.Tensor],
+        num_inference_steps: int | None = None,
+        generator: torch.Generator | None = None,
+    ) -> torch.Tensor:
+        """Observation windows (B, T, ...) -> (B, horizon, action_dim) actions in absolute units: both
+        halves at once."""
+        return self.act_from_condition(self.encode(obs), obs, num_inference_steps, generator)
 
 
 CONFIG_MEMBERS = ("obs_offsets", "action_keys", "horizon", "n_action_steps")

@@ -15,12 +15,12 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 from demoscale.policies import actions as action_repr
+from demoscale.policies.base import PolicyNetworkBase
 from demoscale.policies.diffusion.config import DiffusionConfig
 from demoscale.policies.encoders import ObservationEncoder, feature_to_dict
 from demoscale.policies.mlp_denoiser import ConditionalMLP
 from demoscale.policies.normalize import Normalizer
 from demoscale.policies.unet1d import ConditionalUnet1D
-from torch import nn
 
 ACTION = "action"  # the normaliser key of the (concatenated, possibly relative) action vector
 
@@ -42,7 +42,7 @@ def default_pose_keys(n_robots: int) -> list[list[str]]:
     return [[f"robot{i}_eef_pos", f"robot{i}_eef_rot_axis_angle"] for i in range(n_robots)]
 
 
-class DiffusionPolicy(nn.Module):
+class DiffusionPolicy(PolicyNetworkBase):
     """Diffusion policy over action chunks.
 
     Args:
@@ -166,12 +166,6 @@ class DiffusionPolicy(nn.Module):
         """Training losses of a batch in the datasets sample format: ``loss`` (denoising)."""
         return {"loss": self.denoising_loss(batch, self.encode(batch["obs"]), generator)}
 
-    def compute_loss(
-        self, batch: Mapping[str, Any], generator: torch.Generator | None = None
-    ) -> torch.Tensor:
-        """The total training loss (``compute_losses(batch)["loss"]``)."""
-        return self.compute_losses(batch, generator)["loss"]
-
     def denoising_loss(
         self, batch: Mapping[str, Any], cond: torch.Tensor, generator: torch.Generator | None = None
     ) -> torch.Tensor:
@@ -203,16 +197,6 @@ class DiffusionPolicy(nn.Module):
         return loss.mean()
 
     # -- inference ---------------------------------------------------------------------------------
-    @torch.no_grad()
-    def predict_action(
-        self,
-        obs: Mapping[str, torch.Tensor],
-        num_inference_steps: int | None = None,
-        generator: torch.Generator | None = None,
-    ) -> torch.Tensor:
-        """Observation windows (B, T, ...) -> absolute action chunks (B, horizon, action_dim)."""
-        return self.act_from_condition(self.encode(obs), obs, num_inference_steps, generator)
-
     @torch.no_grad()
     def act_from_condition(
         self,
