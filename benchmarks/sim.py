@@ -20,9 +20,9 @@ import time
 
 os.environ.setdefault("MUJOCO_GL", "egl")
 
-import numpy as np  # noqa: E402
-from demoscale.eval import evaluate, get_task, task_names  # noqa: E402
-from report import add_json_option, emit_json  # noqa: E402
+import numpy as np
+from demoscale.eval import evaluate, get_task, task_names
+from report import add_json_option, emit_json
 
 
 class HoldPose:

@@ -24,6 +24,7 @@ import tempfile
 import time
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import torch
@@ -120,7 +121,7 @@ def full_step(args: argparse.Namespace, store: Path, root: Path) -> dict:
     original = ThroughputLogger.on_train_batch_end
     kept: dict[str, list[float]] = {}
 
-    def keep(self, trainer, pl_module, outputs, batch, batch_idx):  # noqa: ANN001 - Lightning hook
+    def keep(self, trainer, pl_module, outputs, batch, batch_idx):  # Lightning's hook signature
         original(self, trainer, pl_module, outputs, batch, batch_idx)
         kept["samples_per_s"], kept["wait"] = self.samples_per_s, self.data_wait_fraction
 
@@ -134,7 +135,7 @@ def full_step(args: argparse.Namespace, store: Path, root: Path) -> dict:
     return {"samples_per_s": statistics.median(sps), "data_wait_fraction": statistics.median(wait)}
 
 
-def make_policy(args: argparse.Namespace, store: Path, **overrides):  # noqa: ANN201
+def make_policy(args: argparse.Namespace, store: Path, **overrides: Any) -> torch.nn.Module:
     from demoscale.datasets import EpisodeStore
     from demoscale.policies.config_utils import from_plain
     from demoscale.policies.diffusion.config import DiffusionConfig

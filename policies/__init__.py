@@ -1,7 +1,9 @@
-"""Policies: observation encoders, the diffusion policy, the Lightning layer, training and inference.
+"""Policies: observation encoders, the policy families, the Lightning layer, training and inference.
 
 Public entry points: :func:`train` (what ``demoscale train fit`` runs), :func:`load_policy`
-(checkpoint -> :class:`Policy` with ``predict_action``), the reusable building blocks
+(checkpoint -> :class:`Policy` with ``predict_action``), the family contract and registry
+(:class:`PolicyNetwork`, :class:`PolicyConfig`, :class:`PolicyFamily`, :func:`register_family`,
+:func:`get_family`), the reusable building blocks
 (:mod:`~demoscale.policies.encoders`, :mod:`~demoscale.policies.normalize`,
 :mod:`~demoscale.policies.unet1d`, :mod:`~demoscale.policies.rotation`) and the Lightning modules.
 Heavy imports (torch, Lightning) happen on first use.
@@ -25,6 +27,11 @@ __all__ = [
     "PolicyModule",
     "DiffusionPolicyModule",
     "PolicyDataModule",
+    "PolicyConfig",
+    "PolicyNetwork",
+    "PolicyFamily",
+    "register_family",
+    "get_family",
 ]
 
 _LAZY = {
@@ -38,17 +45,25 @@ _LAZY = {
     "DiffusionConfig": "demoscale.policies.diffusion.config",
     "DiffusionPolicy": "demoscale.policies.diffusion.model",
     "PolicyModule": "demoscale.policies.lightning_module",
-    "DiffusionPolicyModule": "demoscale.policies.lightning_module",
+    "DiffusionPolicyModule": "demoscale.policies.diffusion.lightning",
     "PolicyDataModule": "demoscale.policies.data",
+    "PolicyConfig": "demoscale.policies.base",
+    "PolicyNetwork": "demoscale.policies.base",
+    "PolicyFamily": "demoscale.policies.families",
+    "register_family": "demoscale.policies.families",
+    "get_family": "demoscale.policies.families",
 }
 
 if TYPE_CHECKING:
+    from demoscale.policies.base import PolicyConfig, PolicyNetwork
     from demoscale.policies.checkpoints import CheckpointError, load_checkpoint
     from demoscale.policies.data import PolicyDataModule
     from demoscale.policies.diffusion.config import DiffusionConfig
+    from demoscale.policies.diffusion.lightning import DiffusionPolicyModule
     from demoscale.policies.diffusion.model import DiffusionPolicy
+    from demoscale.policies.families import PolicyFamily, get_family, register_family
     from demoscale.policies.inference import Policy, TemporalEnsembler, load_policy
-    from demoscale.policies.lightning_module import DiffusionPolicyModule, PolicyModule
+    from demoscale.policies.lightning_module import PolicyModule
     from demoscale.policies.training import TrainResult, train
 
 

@@ -77,7 +77,7 @@ class ThroughputLogger(L.Callback):
             # Forward FLOPs counted once without touching gradients; backward ~ 2x forward.
             counter = FlopCounterMode(display=False)
             with counter, torch.no_grad():
-                pl_module.policy.compute_loss(batch)
+                pl_module.policy.compute_losses(batch)
             self._flops_per_sample = 3 * counter.get_total_flops() / int(batch["action"].shape[0])
         peak = self.peak_flops
         if peak is None:

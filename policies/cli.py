@@ -1,5 +1,8 @@
 """``demoscale train fit|validate|... --config configs/<name>.yaml`` — the Lightning CLI over the policies.
 
+``model.class_path`` names the LightningModule of a registered policy family
+(:mod:`demoscale.policies.families`), by import path or, for a registered family, by class name.
+
 Every Trainer, model (``model.init_args.*``) and data (``data.*``) argument is settable from YAML or
 flags; ``--print_config`` prints the resolved configuration. Added on top of Lightning's defaults:
 
@@ -33,6 +36,7 @@ from typing import Any, Literal
 
 from demoscale.policies.callbacks import PolicyCheckpoint, ScheduledGC, ThroughputLogger, TrainingProgress
 from demoscale.policies.data import PolicyDataModule
+from demoscale.policies.families import FAMILIES
 from demoscale.policies.lightning_module import PolicyModule
 from lightning.pytorch import Callback
 from lightning.pytorch.cli import LightningCLI
@@ -185,6 +189,10 @@ def make_cli(
 ) -> PolicyCLI:
     """The CLI object (``run=False`` only parses and instantiates); ``callbacks`` are added to the
     Trainer's (for callers such as a sweep trial that need hooks no config can name)."""
+    # Every registered family's module is imported, so that ``model.class_path`` may name it by class
+    # name alone (``WBVIMAModule``) and ``--help`` lists it.
+    for family in FAMILIES.values():
+        family.module_class()
     return PolicyCLI(
         PolicyModule,
         PolicyDataModule,

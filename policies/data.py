@@ -121,10 +121,6 @@ class PolicyDataModule(EpisodeDataModule):
         self._resolve_window()
         super().setup(stage)
 
-    def episode_lengths(self, episodes: list[int]) -> np.ndarray:
-        store = self.store
-        return np.asarray(store.episode_ends)[episodes] - np.asarray(store.episode_starts)[episodes]
-
     def train_dataloader(self) -> DataLoader:
         self.setup("fit")
         assert self.train_dataset is not None

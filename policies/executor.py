@@ -9,9 +9,9 @@ from, while the next chunk is being computed. It waits only when no chunk covers
 In ``sync`` mode the loop runs slow then fast inline every ``n_action_steps`` steps (the usual
 receding-horizon execution), which is the baseline the benchmark compares against.
 
-Works with both policy families, which share the slow/fast interface ``encode(obs) -> condition``
-and ``act_from_condition(condition, obs, steps, generator) -> chunk``, with or without the waypoint
-head. An episode ends after ``n_steps`` control steps or as soon as the environment reports success
+Works with every policy family: the slow/fast interface ``encode(obs) -> condition`` and
+``act_from_condition(condition, obs, steps, generator) -> chunk`` is part of the family contract
+(:mod:`demoscale.policies.base`), with or without a waypoint head. An episode ends after ``n_steps`` control steps or as soon as the environment reports success
 (as in ``demoscale.eval.evaluate``).
 """
 

@@ -9,14 +9,13 @@ from typing import Any
 import numpy as np
 import torch
 from demoscale.policies.checkpoints import CheckpointError, load_checkpoint
-from demoscale.policies.config_utils import from_plain
+from demoscale.policies.families import UnknownFamilyError, get_family
 from demoscale.policies.lightning_module import CHECKPOINT_KEY
-
-SUPPORTED_FAMILIES = ("diffusion", "wbvima")
 
 
 class Policy:
-    """A trained policy ready to act (EMA weights, eval mode).
+    """A trained policy ready to act (EMA weights, eval mode), over any family's network
+    (:class:`~demoscale.policies.base.PolicyNetwork`).
 
     Attributes:
         obs_offsets: key -> frame offsets of the observation window the policy expects.
@@ -39,7 +38,8 @@ class Policy:
         self.action_keys = list(config.action_keys)
         self.horizon = int(config.horizon)
         self.n_action_steps = int(config.n_action_steps)
-        self.num_inference_steps = num_inference_steps or int(config.num_inference_steps)
+        default_steps = getattr(config, "num_inference_steps", None)  # only iterative samplers have one
+        self.num_inference_steps = num_inference_steps or (int(default_steps) if default_steps else None)
         self.action_dim = int(network.action_dim)
 
     def _to_tensors(self, obs_window: Mapping[str, np.ndarray], batched: bool) -> dict[str, torch.Tensor]:
@@ -71,7 +71,9 @@ class Policy:
         generator = None
         if seed is not None:
             generator = torch.Generator(self.device).manual_seed(seed)
-        actions = self.network.predict_action(obs, self.num_inference_steps, generator=generator)
+        with torch.no_grad():
+            condition = self.network.encode(obs)
+            actions = self.network.act_from_condition(condition, obs, self.num_inference_steps, generator)
         return actions.float().cpu().numpy()
 
     def predict_action(self, obs_window: Mapping[str, np.ndarray], seed: int | None = None) -> np.ndarray:
@@ -124,32 +126,25 @@ def load_policy(
 ) -> Policy:
     """Rebuild a policy from a checkpoint alone (feature spec and statistics travel inside it).
 
-    The file is read without running code from it (:func:`~demoscale.policies.checkpoints.load_checkpoint`).
-    Raises :class:`~demoscale.policies.checkpoints.CheckpointError` (a ``ValueError``) for a hostile or
-    damaged file, one that is not a demoscale policy, or of a family this loader does not know.
-    Uses the EMA weights when the run kept them.
+    The file is read without running code from it (:func:`~demoscale.policies.checkpoints.load_checkpoint`);
+    the checkpoint's ``family`` is looked up in the registry (:mod:`demoscale.policies.families`),
+    whose entry rebuilds the config and the network. Raises
+    :class:`~demoscale.policies.checkpoints.CheckpointError` (a ``ValueError``) for a hostile or
+    damaged file or one that is not a demoscale policy, and :class:`~demoscale.policies.families.UnknownFamilyError`
+    (also a ``ValueError``) for a family not registered. Uses the EMA
+    weights when the run kept them.
     """
     path = os.fspath(checkpoint_path)
     checkpoint = load_checkpoint(path)
     meta = checkpoint.get(CHECKPOINT_KEY)
     if not isinstance(meta, dict):
         raise CheckpointError(f"{path} is not a demoscale policy checkpoint (no '{CHECKPOINT_KEY}' metadata)")
-    family = meta.get("family")
-    if family not in SUPPORTED_FAMILIES:
-        raise CheckpointError(
-            f"{path} holds a policy of family {family!r}; load_policy handles {list(SUPPORTED_FAMILIES)}"
-        )
     try:
-        if family == "wbvima":
-            from demoscale.policies.wbvima import WBVIMAConfig, WBVIMAPolicy
-
-            network = WBVIMAPolicy(from_plain(WBVIMAConfig, meta["policy_config"]), meta["features"])
-        else:
-            from demoscale.policies.diffusion.config import DiffusionConfig
-            from demoscale.policies.waypoint_head import make_diffusion_policy
-
-            config = from_plain(DiffusionConfig, meta["policy_config"])
-            network = make_diffusion_policy(config, meta["features"])
+        family = get_family(meta.get("family"))
+    except UnknownFamilyError as error:
+        raise UnknownFamilyError(f"{path}: {error}") from None
+    try:
+        network = family.build_network(family.config_from_dict(meta["policy_config"]), meta["features"])
         prefix = "ema.averaged." if meta.get("ema") else "policy."
         weights = checkpoint.get("state_dict")
         state = {k[len(prefix) :]: v for k, v in (weights or {}).items() if k.startswith(prefix)}

@@ -1,15 +1,18 @@
 """A thin Lightning layer over the policy networks.
 
-:class:`PolicyModule` holds what every policy family shares: building the network from the
-DataModule's store (feature spec + normalisation statistics) in ``setup``, AdamW with an encoder
-learning-rate multiplier and a warm-up + cosine schedule, an EMA of the weights (used for validation
-and inference), per-step random seeds (so a resumed run draws the same noise), optional
-``torch.compile`` and FSDP2 sharding, and checkpoint metadata that lets
-:func:`demoscale.policies.load_policy` rebuild the policy without a store.
+:class:`PolicyModule` holds what every policy family shares: building the family's network (looked up
+in :mod:`demoscale.policies.families`) from the DataModule's store (feature spec + normalisation
+statistics) in ``setup``, the training and validation steps (every part of ``compute_losses`` logged
+once, as ``train/<part>`` / ``val/<part>``), AdamW with an encoder learning-rate multiplier and a
+warm-up + cosine schedule, an EMA of the weights (used for validation and inference), per-step random
+seeds (so a resumed run draws the same noise), optional ``torch.compile`` and FSDP2 sharding, and
+checkpoint metadata that lets :func:`demoscale.policies.load_policy` rebuild the policy without a
+store.
 
-A new family subclasses it, sets ``family`` and implements ``build_policy`` / ``policy_statistics``;
-the network must expose ``compute_loss(batch)`` and ``predict_action(obs)``.
-:class:`DiffusionPolicyModule` is the diffusion-policy family.
+A family subclasses it next to its network (``policies/diffusion/lightning.py``,
+``policies/wbvima/lightning.py``): it sets ``family`` to its registry name and declares
+``__init__(self, policy: Config | None = None, **kwargs)``; the contract is in
+:mod:`demoscale.policies.base`.
 """
 
 from __future__ import annotations
@@ -23,11 +26,11 @@ from typing import Any
 import lightning as L
 import numpy as np
 import torch
+from demoscale.policies.base import LOSS
 from demoscale.policies.config_utils import to_plain
-from demoscale.policies.diffusion.config import DiffusionConfig
-from demoscale.policies.diffusion.model import check_keys, policy_statistics
 from demoscale.policies.ema import EMA
 from demoscale.policies.encoders import feature_to_dict
+from demoscale.policies.families import PolicyFamily, get_family
 from torch import nn
 
 CHECKPOINT_KEY = "demoscale"
@@ -72,6 +75,7 @@ class PolicyModule(L.LightningModule):
     """Shared training logic of every policy family (see the module docstring).
 
     Args:
+        policy: the family's config (None: the config class's defaults).
         optimizer: optimizer and learning-rate schedule.
         ema: EMA settings.
         compile: ``torch.compile`` the network (in place; state-dict keys are unchanged).
@@ -80,10 +84,11 @@ class PolicyModule(L.LightningModule):
             accumulation from it and the DataModule's micro-batch size. ``None`` = one micro-batch.
     """
 
-    family: str = ""
+    family: str = ""  # the registry name (demoscale.policies.families)
 
     def __init__(
         self,
+        policy: Any = None,
         optimizer: OptimizerConfig | None = None,
         ema: EMAConfig | None = None,
         compile: bool = False,
@@ -91,6 +96,10 @@ class PolicyModule(L.LightningModule):
         global_batch_size: int | None = None,
     ):
         super().__init__()
+        self.policy_config = policy if policy is not None else self.family_spec().config_class()()
+        validate = getattr(self.policy_config, "validate", None)
+        if callable(validate):
+            validate()
         self.optimizer_config = optimizer or OptimizerConfig()
         self.ema_config = ema or EMAConfig()
         self.compile_policy = compile
@@ -102,24 +111,58 @@ class PolicyModule(L.LightningModule):
         self.stats: dict[str, dict[str, np.ndarray]] | None = None
         self._sharded = False
 
-    # -- to implement per family -------------------------------------------------------------------
+    @classmethod
+    def family_spec(cls) -> PolicyFamily:
+        """This module's entry in the family registry."""
+        if not cls.family:
+            raise TypeError(f"{cls.__name__} sets no `family`: a policy module names its registered family")
+        return get_family(cls.family)
+
+    # -- what a family may override ----------------------------------------------------------------
     def build_policy(self, features: Mapping[str, Any], stats: Mapping[str, Any] | None) -> nn.Module:
-        raise NotImplementedError
+        """The family's network (the registry's builder) for this module's config."""
+        return self.family_spec().build_network(self.policy_config, features, stats)
 
     def policy_statistics(
         self, store: Any, episodes: Sequence[int] | None
     ) -> dict[str, dict[str, np.ndarray]]:
-        raise NotImplementedError
+        """Normaliser statistics from the store: ``store.stats(key)`` of every low-dim key the policy
+        observes or predicts. Families with derived quantities (relative actions) override this."""
+        config = self.policy_config
+        keys = dict.fromkeys([*config.obs_offsets, *config.action_keys])
+        return {
+            key: {name: np.asarray(value, dtype=np.float32) for name, value in store.stats(key).items()}
+            for key in keys
+            if feature_to_dict(store.features[key])["kind"] == "low_dim"
+        }
 
     def check_features(self, features: Mapping[str, Any]) -> None:
         """Raise before training when the store lacks what the config names."""
+        config = self.policy_config
+        missing = [key for key in [*config.obs_offsets, *config.action_keys] if key not in features]
+        if missing:
+            raise KeyError(
+                f"the store lacks keys named by the {self.family} policy config: {missing} "
+                f"(store features: {sorted(features)})"
+            )
 
     def policy_config_dict(self) -> dict[str, Any]:
-        raise NotImplementedError
+        """The config as a plain dict (what checkpoints carry)."""
+        return to_plain(self.policy_config)
 
     def data_window(self) -> dict[str, Any] | None:
-        """``{"obs_offsets", "action_keys", "horizon"}`` the DataModule should serve (None: its own)."""
-        return None
+        """``{"obs_offsets", "action_keys", "horizon"}`` (+ ``waypoint_keys`` when the config names
+        some) the DataModule should serve."""
+        config = self.policy_config
+        window: dict[str, Any] = {
+            "obs_offsets": {key: list(offsets) for key, offsets in config.obs_offsets.items()},
+            "action_keys": list(config.action_keys),
+            "horizon": int(config.horizon),
+        }
+        waypoint_keys = list(getattr(config, "waypoint_keys", None) or [])
+        if waypoint_keys:
+            window["waypoint_keys"] = waypoint_keys
+        return window
 
     # -- building ----------------------------------------------------------------------------------
     def setup(self, stage: str) -> None:
@@ -215,9 +258,8 @@ class PolicyModule(L.LightningModule):
     # -- loops -------------------------------------------------------------------------------------
     def training_step(self, batch: Mapping[str, Any], batch_idx: int) -> torch.Tensor:
         with self._seeded(batch_idx, "train"):
-            loss = self.policy.compute_loss(batch)
-        self.log("train/loss", loss, prog_bar=True, batch_size=_batch_size(batch))
-        return loss
+            losses = self.policy.compute_losses(batch)
+        return self._log_losses(losses, "train", batch)
 
     def optimizer_step(self, *args: Any, **kwargs: Any) -> None:
         super().optimizer_step(*args, **kwargs)
@@ -228,9 +270,24 @@ class PolicyModule(L.LightningModule):
 
     def validation_step(self, batch: Mapping[str, Any], batch_idx: int) -> torch.Tensor:
         with self._seeded(batch_idx, "val"):
-            loss = self.inference_policy.compute_loss(batch)
-        self.log("val/loss", loss, prog_bar=True, sync_dist=True, batch_size=_batch_size(batch))
-        return loss
+            losses = self.inference_policy.compute_losses(batch)
+        return self._log_losses(losses, "val", batch)
+
+    def _log_losses(
+        self, losses: Mapping[str, torch.Tensor], stage: str, batch: Mapping[str, Any]
+    ) -> torch.Tensor:
+        """Log ``<stage>/loss`` (on the progress bar) and every other part once; return the total."""
+        if LOSS not in losses:
+            raise KeyError(
+                f"{type(self.policy).__name__}.compute_losses returned {sorted(losses)}, without the total "
+                f"{LOSS!r} to minimise"
+            )
+        size, sync = _batch_size(batch), stage == "val"
+        self.log(f"{stage}/{LOSS}", losses[LOSS], prog_bar=True, sync_dist=sync, batch_size=size)
+        for name, value in losses.items():
+            if name != LOSS:
+                self.log(f"{stage}/{name}", value, sync_dist=sync, batch_size=size)
+        return losses[LOSS]
 
     def configure_optimizers(self) -> dict[str, Any]:
         config = self.optimizer_config
@@ -296,61 +353,14 @@ class PolicyModule(L.LightningModule):
             self.build(meta["features"], meta["stats"])
 
 
-class DiffusionPolicyModule(PolicyModule):
-    """Diffusion policy (UMI / Diffusion Policy style) trained with Lightning.
-
-    Args:
-        policy: the network and representation settings (:class:`DiffusionConfig`).
-        optimizer, ema, compile, seed, global_batch_size: see :class:`PolicyModule`.
-    """
-
-    family = "diffusion"
-
-    def __init__(
-        self,
-        policy: DiffusionConfig | None = None,
-        optimizer: OptimizerConfig | None = None,
-        ema: EMAConfig | None = None,
-        compile: bool = False,
-        seed: int = 0,
-        global_batch_size: int | None = None,
-    ):
-        super().__init__(
-            optimizer=optimizer, ema=ema, compile=compile, seed=seed, global_batch_size=global_batch_size
-        )
-        self.policy_config = policy or DiffusionConfig()
-        self.policy_config.validate()
-        # No Lightning hparams: the CLI's config.yaml records the run, and the checkpoint's own
-        # metadata (on_save_checkpoint) rebuilds the policy.
-
-    def check_features(self, features: Mapping[str, Any]) -> None:
-        check_keys(self.policy_config, features)
-
-    def build_policy(self, features: Mapping[str, Any], stats: Mapping[str, Any] | None) -> nn.Module:
-        from demoscale.policies.waypoint_head import make_diffusion_policy
-
-        return make_diffusion_policy(self.policy_config, features, stats)
-
-    def policy_statistics(
-        self, store: Any, episodes: Sequence[int] | None
-    ) -> dict[str, dict[str, np.ndarray]]:
-        return policy_statistics(store, self.policy_config, episodes, seed=self.seed)
-
-    def policy_config_dict(self) -> dict[str, Any]:
-        return to_plain(self.policy_config)
-
-    def data_window(self) -> dict[str, Any]:
-        return {
-            "obs_offsets": {k: list(v) for k, v in self.policy_config.obs_offsets.items()},
-            "action_keys": list(self.policy_config.action_keys),
-            "horizon": self.policy_config.horizon,
-            **(
-                {"waypoint_keys": list(self.policy_config.obs_offsets)}
-                if self.policy_config.waypoint_head
-                else {}
-            ),
-        }
-
-
 def _batch_size(batch: Mapping[str, Any]) -> int:
     return int(batch["action"].shape[0])
+
+
+def __getattr__(name: str) -> Any:
+    # The diffusion family's module lived here; run configs saved with that class path still resolve.
+    if name == "DiffusionPolicyModule":
+        from demoscale.policies.diffusion.lightning import DiffusionPolicyModule
+
+        return DiffusionPolicyModule
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -35,7 +35,7 @@ class _AffineStats(nn.Module):
         self.register_buffer("offset", torch.full(tuple(shape), float("nan")))
         self._verified = False
 
-    def _load_from_state_dict(self, *args, **kwargs):  # noqa: ANN002, ANN003 - torch signature
+    def _load_from_state_dict(self, *args: object, **kwargs: object) -> None:  # torch's signature
         self._verified = False
         super()._load_from_state_dict(*args, **kwargs)
 

@@ -7,6 +7,10 @@ action loss. The action head is then conditioned on the *predicted* representati
 the slow waypoint module and the fast action module can run at different rates
 (:mod:`demoscale.policies.executor`).
 
+A building block of every family: the diffusion policy's variant with the head is
+:class:`demoscale.policies.diffusion.waypoint.WaypointDiffusionPolicy`; WB-VIMA builds it in when
+``waypoint_head`` is set.
+
 Samples carry the waypoint frame as ``batch["waypoint_obs"]`` = key -> (B, 1, *shape) (the sampler's
 ``waypoint_keys`` option, which needs the store's ``next_waypoint_index`` column: ``demoscale store
 label-waypoints STORE --threshold T``).
@@ -15,13 +19,10 @@ label-waypoints STORE --threshold T``).
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
-from typing import Any
 
 import torch
 from torch import nn
 from torch.nn import functional
-
-from .diffusion.model import DiffusionPolicy, make_denoiser
 
 WAYPOINT_OBS = "waypoint_obs"
 
@@ -65,93 +66,3 @@ def waypoint_target(
         )
     with torch.no_grad():
         return encode_frame(batch[WAYPOINT_OBS]).detach()  # type: ignore[arg-type]
-
-
-def make_diffusion_policy(
-    config: Any, features: Mapping[str, Any], stats: Mapping[str, Any] | None = None
-) -> nn.Module:
-    """A :class:`DiffusionPolicy`, or a :class:`WaypointDiffusionPolicy` when ``config.waypoint_head``."""
-    if getattr(config, "waypoint_head", False):
-        return WaypointDiffusionPolicy(config, features, stats)
-    return DiffusionPolicy(config, features, stats)
-
-
-class WaypointDiffusionPolicy(DiffusionPolicy):
-    """The diffusion policy with a PIVOT-R-style waypoint head.
-
-    The head reads the encoded observation window and predicts the waypoint frame's representation:
-    the camera features of that frame (same encoders, stop-gradient) and its low-dim state, normalised
-    like the policy's observations (with relative actions, the waypoint pose is expressed relative to
-    the current pose, as the pose history is). The denoiser is conditioned on the observation features
-    concatenated with the predicted representation.
-    """
-
-    def __init__(self, config: Any, features: Mapping[str, Any], stats: Mapping[str, Any] | None = None):
-        super().__init__(config, features, stats)
-        feature_dim = self.obs_encoder.output_dim
-        self.waypoint_dim = self._waypoint_target_dim()
-        self.waypoint_head = WaypointHead(feature_dim, self.waypoint_dim, config.waypoint_hidden_dims)
-        # The denoiser reads the observation features and the predicted waypoint representation.
-        self.denoiser = make_denoiser(config, self.model_action_dim, feature_dim + self.waypoint_dim)
-        self._pose_of = {key: pair for pair in self.pose_keys for key in pair}
-
-    @property
-    def waypoint_keys(self) -> list[str]:
-        return list(self.obs_keys)
-
-    def _waypoint_target_dim(self) -> int:
-        size = 0
-        for key in self.obs_keys:
-            if self.features[key]["kind"] == "image":
-                size += self.obs_encoder.encoder_for(key).feature_dim
-            else:
-                size += int(self.normalizer.slots[self.normalizer._key_to_slot[key]].scale.numel())
-        return size
-
-    def encode_waypoint_frame(
-        self, waypoint_obs: Mapping[str, torch.Tensor], obs: Mapping[str, torch.Tensor]
-    ) -> torch.Tensor:
-        """Waypoint frame (key -> (B, 1, ...)) -> (B, waypoint_dim), given the current window ``obs``."""
-        from .actions import relative_pose_history
-
-        relative_poses: dict[str, torch.Tensor] = {}
-        if self.relative and self.config.relative_obs:
-            for pos_key, rot_key in self.pose_keys:
-                now = self._current_index(pos_key)
-                pos = torch.cat(
-                    [waypoint_obs[pos_key].float(), obs[pos_key][:, now : now + 1].float()], dim=1
-                )
-                rot = torch.cat(
-                    [waypoint_obs[rot_key].float(), obs[rot_key][:, now : now + 1].float()], dim=1
-                )
-                rel_pos, rel_rot = relative_pose_history(pos, rot, 1)
-                relative_poses[pos_key], relative_poses[rot_key] = rel_pos[:, :1], rel_rot[:, :1]
-        parts = []
-        for key in self.obs_keys:
-            if self.features[key]["kind"] == "image":
-                parts.append(self.obs_encoder.encoder_for(key)(waypoint_obs[key]).flatten(1))
-            else:
-                value = relative_poses.get(key, waypoint_obs[key].float())
-                parts.append(self.normalizer.normalize(key, value.flatten(2)).flatten(1))
-        return torch.cat(parts, dim=-1)
-
-    def encode(self, obs: Mapping[str, torch.Tensor]) -> torch.Tensor:
-        features = super().encode(obs)
-        self._last_waypoint_prediction = self.waypoint_head(features)
-        return torch.cat([features, self._last_waypoint_prediction], dim=-1)
-
-    def compute_losses(
-        self, batch: Mapping[str, Any], generator: torch.Generator | None = None
-    ) -> dict[str, torch.Tensor]:
-        """``action_loss`` (denoising), ``waypoint_loss`` (MSE to the waypoint frame) and their ``loss``."""
-        action_loss = super().compute_loss(batch, generator)
-        prediction = self._last_waypoint_prediction
-        target = waypoint_target(lambda frame: self.encode_waypoint_frame(frame, batch["obs"]), batch)
-        waypoint_loss = WaypointHead.loss(prediction, target)
-        total = action_loss + self.config.waypoint_loss_weight * waypoint_loss
-        return {"loss": total, "action_loss": action_loss, "waypoint_loss": waypoint_loss}
-
-    def compute_loss(
-        self, batch: Mapping[str, Any], generator: torch.Generator | None = None
-    ) -> torch.Tensor:
-        return self.compute_losses(batch, generator)["loss"]

@@ -8,20 +8,20 @@ import matplotlib
 
 matplotlib.use("Agg")  # files only, never a display
 
-import matplotlib.pyplot as plt  # noqa: E402
-import numpy as np  # noqa: E402
-import pandas as pd  # noqa: E402
-from demoscale import DEFAULT_CONFIDENCE  # noqa: E402
-from demoscale.scaling.fits import LawFit, fit_law  # noqa: E402
-from demoscale.scaling.table import (  # noqa: E402
+import matplotlib.pyplot as plt
+import numpy as np
+import pandas as pd
+from demoscale import DEFAULT_CONFIDENCE
+from demoscale.scaling.fits import LawFit, fit_law
+from demoscale.scaling.table import (
     AXIS_LABELS,
     ResultsError,
     ResultsTable,
     adjusted_gap,
     as_results_table,
 )
-from matplotlib.ticker import FuncFormatter, LogLocator, NullFormatter, NullLocator  # noqa: E402
-from scipy.stats import norm  # noqa: E402
+from matplotlib.ticker import FuncFormatter, LogLocator, NullFormatter, NullLocator
+from scipy.stats import norm
 
 PANEL_AXES: tuple[str, ...] = ("n_envs", "n_objects", "n_pairs", "demos_per_pair")
 METHOD_STYLE = {

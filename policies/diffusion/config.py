@@ -86,6 +86,11 @@ class DiffusionConfig:
     waypoint_hidden_dims: list[int] = field(default_factory=lambda: [256])
     waypoint_loss_weight: float = 1.0
 
+    @property
+    def waypoint_keys(self) -> list[str]:
+        """Keys of the waypoint frame the sampler must return (every observed key with the head)."""
+        return list(self.obs_offsets) if self.waypoint_head else []
+
     def validate(self) -> None:
         """Raise ValueError on settings that cannot work, before any network is built."""
         if not self.obs_offsets:

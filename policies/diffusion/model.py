@@ -1,8 +1,9 @@
 """The diffusion policy network: observation encoder + FiLM U-Net denoiser + diffusers scheduler.
 
-:class:`DiffusionPolicy` is a plain ``nn.Module`` (no Lightning): ``compute_loss(batch)`` for
-training and ``predict_action(obs)`` for inference, both on batches in the sample format of
-``demoscale.datasets``. Normalisation statistics live in buffers inside it.
+:class:`DiffusionPolicy` is a plain ``nn.Module`` (no Lightning) implementing the policy contract
+(:mod:`demoscale.policies.base`): ``compute_losses(batch)`` for training, ``encode(obs)`` and
+``act_from_condition(...)`` (or both at once, ``predict_action(obs)``) for inference, on batches in
+the sample format of ``demoscale.datasets``. Normalisation statistics live in buffers inside it.
 """
 
 from __future__ import annotations
@@ -14,17 +15,17 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 from demoscale.policies import actions as action_repr
+from demoscale.policies.base import PolicyNetworkBase
 from demoscale.policies.diffusion.config import DiffusionConfig
 from demoscale.policies.encoders import ObservationEncoder, feature_to_dict
 from demoscale.policies.mlp_denoiser import ConditionalMLP
 from demoscale.policies.normalize import Normalizer
 from demoscale.policies.unet1d import ConditionalUnet1D
-from torch import nn
 
 ACTION = "action"  # the normaliser key of the (concatenated, possibly relative) action vector
 
 
-def make_scheduler(config: DiffusionConfig):  # noqa: ANN201 - a diffusers scheduler
+def make_scheduler(config: DiffusionConfig) -> Any:  # a diffusers scheduler
     """The diffusers noise scheduler named by the config."""
     from diffusers import DDIMScheduler, DDPMScheduler
 
@@ -41,7 +42,7 @@ def default_pose_keys(n_robots: int) -> list[list[str]]:
     return [[f"robot{i}_eef_pos", f"robot{i}_eef_rot_axis_angle"] for i in range(n_robots)]
 
 
-class DiffusionPolicy(nn.Module):
+class DiffusionPolicy(PolicyNetworkBase):
     """Diffusion policy over action chunks.
 
     Args:
@@ -174,13 +175,17 @@ class DiffusionPolicy(nn.Module):
     def encode(self, obs: Mapping[str, torch.Tensor]) -> torch.Tensor:
         return self.obs_encoder(self.normalize_obs(obs))
 
-    def compute_loss(
+    def compute_losses(
         self, batch: Mapping[str, Any], generator: torch.Generator | None = None
+    ) -> dict[str, torch.Tensor]:
+        """Training losses of a batch in the datasets sample format: ``loss`` (denoising)."""
+        return {"loss": self.denoising_loss(batch, self.encode(batch["obs"]), generator)}
+
+    def denoising_loss(
+        self, batch: Mapping[str, Any], cond: torch.Tensor, generator: torch.Generator | None = None
     ) -> torch.Tensor:
-        """Denoising loss of a batch in the datasets sample format."""
-        obs = batch["obs"]
-        target_action = self.action_to_model(batch["action"], obs)
-        cond = self.encode(obs)
+        """Denoising loss of the batch's action chunks given their encoded condition."""
+        target_action = self.action_to_model(batch["action"], batch["obs"])
         batch_size = target_action.shape[0]
         device = target_action.device
         noise = torch.randn(target_action.shape, generator=generator, device=device)
@@ -207,16 +212,6 @@ class DiffusionPolicy(nn.Module):
         return loss.mean()
 
     # -- inference ---------------------------------------------------------------------------------
-    @torch.no_grad()
-    def predict_action(
-        self,
-        obs: Mapping[str, torch.Tensor],
-        num_inference_steps: int | None = None,
-        generator: torch.Generator | None = None,
-    ) -> torch.Tensor:
-        """Observation windows (B, T, ...) -> absolute action chunks (B, horizon, action_dim)."""
-        return self.act_from_condition(self.encode(obs), obs, num_inference_steps, generator)
-
     @torch.no_grad()
     def act_from_condition(
         self,

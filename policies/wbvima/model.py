@@ -20,6 +20,7 @@ import torch
 from diffusers import DDIMScheduler
 from torch import nn
 
+from ..base import PolicyNetworkBase
 from ..encoders import ImageEncoder, LowDimEncoder, LowDimEncoderConfig, PointCloudEncoder, feature_to_dict
 from ..normalize import Normalizer
 from ..unet1d import ConditionalUnet1D
@@ -124,7 +125,7 @@ def validate_against_features(config: WBVIMAConfig, features: Mapping[str, Any])
         )
 
 
-class WBVIMAPolicy(nn.Module):
+class WBVIMAPolicy(PolicyNetworkBase):
     """The whole-body policy: normalisation, observation tokens, transformer, chained diffusion heads.
 
     Args:
@@ -355,10 +356,6 @@ class WBVIMAPolicy(nn.Module):
     def _split_parts(self, action: torch.Tensor) -> list[torch.Tensor]:
         return list(torch.split(action, [dim for _, dim in self.head_parts], dim=-1))
 
-    def compute_loss(self, batch: Mapping[str, Any]) -> torch.Tensor:
-        """The total training loss (see :meth:`compute_losses` for its parts)."""
-        return self.compute_losses(batch)["loss"]
-
     def compute_losses(self, batch: Mapping[str, Any]) -> dict[str, torch.Tensor]:
         """Training losses: ``loss`` (total), ``action_loss``, one ``loss_<part>`` per head, ``waypoint_loss``."""
         obs = batch["obs"]
@@ -440,16 +437,6 @@ class WBVIMAPolicy(nn.Module):
                 sample = scheduler.step(prediction, step, sample, generator=generator).prev_sample
             upstream.append(sample)
         return torch.cat(upstream, dim=-1)
-
-    @torch.no_grad()
-    def predict_action(
-        self,
-        obs: Mapping[str, torch.Tensor],
-        num_inference_steps: int | None = None,
-        generator: torch.Generator | None = None,
-    ) -> torch.Tensor:
-        """Batched observation window -> (B, horizon, action_dim) actions in absolute units."""
-        return self.act_from_condition(self.encode(obs), obs, num_inference_steps, generator)
 
     @torch.no_grad()
     def act_from_condition(

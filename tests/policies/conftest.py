@@ -6,9 +6,20 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+import torch
 from demoscale.datasets import EpisodeStore, FeatureSpec
 
 IMAGE_SIZE = 32
+
+
+@pytest.fixture()
+def one_torch_thread():
+    """Tiny models run fastest on one thread; several threads thrash on a loaded machine. A module
+    opts in with ``pytestmark = pytest.mark.usefixtures("one_torch_thread")``."""
+    previous = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(previous)
 
 
 def build_tabletop_store(path: Path, n_episodes: int = 4, length: int = 24, seed: int = 0) -> Path:

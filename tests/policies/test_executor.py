@@ -16,13 +16,7 @@ from demoscale.policies.wbvima import PointCloudInput, WBVIMAPolicy
 from test_wbvima_model import tiny_config as tiny_wbvima_config
 from test_wbvima_train import build_joylo_store
 
-
-@pytest.fixture(autouse=True)
-def one_torch_thread():
-    previous = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(previous)
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 
 def _as_policy(network: torch.nn.Module, family: str, store: EpisodeStore) -> Policy:

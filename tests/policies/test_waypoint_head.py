@@ -11,20 +11,21 @@ from demoscale.datasets.waypoints import label_store_waypoints
 from demoscale.policies.config_utils import from_plain
 from demoscale.policies.diffusion.config import DiffusionConfig
 from demoscale.policies.diffusion.model import policy_statistics
-from demoscale.policies.waypoint_head import WaypointDiffusionPolicy, make_diffusion_policy
+from demoscale.policies.diffusion.waypoint import WaypointDiffusionPolicy, make_diffusion_policy
 from demoscale.policies.wbvima import WBVIMAConfig, WBVIMAPolicy
 from test_wbvima_train import build_joylo_store, wbvima_config
 
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
-@pytest.fixture(autouse=True)
-def one_torch_thread():
-    previous = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(previous)
+
+def _attribute_names(network: torch.nn.Module) -> dict[str, set[str]]:
+    return {name: set(vars(module)) for name, module in network.named_modules()}
 
 
 def _train(policy: torch.nn.Module, dataset: EpisodeDataset, steps: int, lr: float = 3e-3) -> list[dict]:
+    """Plain training steps on ``compute_losses``, which must leave no state behind on the network
+    (nothing may pass from ``encode`` to the loss through attributes: unsafe under threads and DDP)."""
+    attributes = _attribute_names(policy)
     torch.manual_seed(0)
     loader = torch.utils.data.DataLoader(dataset, batch_size=8, shuffle=True, drop_last=True)
     optimizer = torch.optim.AdamW(policy.parameters(), lr=lr)
@@ -38,6 +39,7 @@ def _train(policy: torch.nn.Module, dataset: EpisodeDataset, steps: int, lr: flo
             history.append({k: float(v) for k, v in losses.items()})
             if len(history) == steps:
                 break
+    assert _attribute_names(policy) == attributes, "compute_losses left attributes on the network"
     return history
 
 

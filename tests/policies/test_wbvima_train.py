@@ -7,7 +7,6 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-import torch
 from demoscale.datasets import EpisodeStore, FeatureSpec
 
 N_POINTS = 24
@@ -134,12 +133,7 @@ def logged(root: Path, name: str) -> list[float]:
         return [float(row[name]) for row in csv.DictReader(handle) if row.get(name)]
 
 
-@pytest.fixture(autouse=True)
-def one_torch_thread():
-    previous = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(previous)
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 
 def test_wbvima_trains_through_the_cli_and_loads_for_inference(joylo_store, tmp_path):
