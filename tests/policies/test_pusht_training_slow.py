@@ -59,3 +59,32 @@ def test_pusht_config_validation_loss_falls_on_real_demonstrations(tmp_path, pus
     first, last = losses[0][1], losses[-1][1]
     # The validation loss uses fixed noise per batch, so the drop is the model's, not the sampling's.
     assert last < 0.6 * first, losses
+
+
+@pytest.mark.slow
+def test_state_pusht_policy_learns_to_push_on_unseen_initial_states(tmp_path, pusht_replay_path):
+    """configs/pusht_state.yaml as shipped, a short budget on all 206 human demonstrations, scored
+    as the literature scores PushT. An untrained or broken pipeline leaves the mean max coverage
+    near chance (0.1-0.2 on these states); 2,000 steps reached 0.41 in the measured pilot."""
+    from demoscale.eval import evaluate
+
+    store = tmp_path / "pusht.zarr"
+    ingest_replay_buffer(pusht_replay_path, store, task="pusht", workers=2, progress=False)
+    result = train(
+        REPO_ROOT / "configs/pusht_state.yaml",
+        {
+            "data.store": str(store),
+            "trainer.accelerator": "cpu",
+            "trainer.max_steps": 2000,
+            "trainer.limit_val_batches": 0,
+            "trainer.default_root_dir": str(tmp_path / "run"),
+            "checkpoint.every_n_train_steps": 2000,
+        },
+    )
+    assert result.steps == 2000
+    summary = evaluate(
+        result.checkpoint_path, "pusht", n_envs=30, batch_size=30, progress=False, video_episodes=0
+    ).summary
+    print({k: summary[k] for k in ("mean_max_coverage", "success_rate", "score")})
+    assert summary["n_rollouts"] == 30
+    assert summary["mean_max_coverage"] > 0.3, summary
