@@ -309,8 +309,9 @@ def test_repair_cuts_an_uncommitted_tail(healthy: Path, capsys) -> None:
     store.stats("action")
     committed = {p.relative_to(healthy) for p in healthy.rglob("*") if p.is_file()}
     # What a writer killed after its data writes, before its commit, leaves behind.
-    store._array("data/action").resize((40, 2))
-    store._array("data/action")[30:40] = 9.0
+    action = zarr.open_array(str(healthy / "data" / "action"), mode="r+")
+    action.resize((40, 2))
+    action[30:40] = 9.0
     assert EpisodeStore.open(healthy).info()["uncommitted_frames"] == 10
     assert demoscale_main(["store", "repair", str(healthy)]) == 0
     assert "removed 10 uncommitted frames from data/action" in capsys.readouterr().out
