@@ -1,32 +1,51 @@
-"""``demoscale ingest <format> SRC --store DST``: a thin shell over ``demoscale.collect.ingest_*``."""
+"""``demoscale ingest <format> SRC --store DST``: one subcommand per registered source format.
+
+The subcommands are made from the registry (``collect/formats.py``): each format's ``options_type``
+fields become its own flags, and every format gets the common ones. A thin shell over
+``demoscale.collect.ingest``.
+"""
 
 from __future__ import annotations
 
 import argparse
 import json
 import sys
-from dataclasses import asdict
+import types
+import typing
+from dataclasses import MISSING, Field, asdict, fields
 
-from demoscale.collect.ingest import IngestError
+from demoscale.collect.driver import ingest
+from demoscale.collect.formats import FORMATS, source_format
+from demoscale.collect.source_format import IngestError, SourceFormat
 
 
-def _common(parser: argparse.ArgumentParser, ids: bool = True, manifest: bool = False) -> None:
+def _add_option(parser: argparse.ArgumentParser, option: Field, annotation: typing.Any) -> None:
+    """A flag for one field of a format's options dataclass (``rate_hz`` -> ``--rate-hz``)."""
+    flag = "--" + option.name.replace("_", "-")
+    default = None if option.default is MISSING else option.default
+    help_ = option.metadata.get("help")
+    if annotation is bool:
+        parser.add_argument(flag, dest=option.name, action="store_true", default=default, help=help_)
+        return
+    if typing.get_origin(annotation) in (typing.Union, types.UnionType):  # ``float | None``
+        annotation = next(arg for arg in typing.get_args(annotation) if arg is not type(None))
+    parser.add_argument(flag, dest=option.name, type=annotation, default=default, help=help_)
+
+
+def _add_common(parser: argparse.ArgumentParser, adapter: SourceFormat) -> None:
     parser.add_argument("--store", required=True, help="destination episode store (created if absent)")
-    if ids:
-        parser.add_argument(
-            "--env-id", help="environment id of every episode (overrides the directory layout)"
-        )
-        parser.add_argument("--object-id", help="object id of every episode (overrides the directory layout)")
-        parser.add_argument("--task", help="task name of every episode")
-        parser.add_argument("--operator", help="who collected the demonstrations")
-    if manifest:
-        parser.add_argument(
-            "--manifest", help="CSV with columns source, env_id, object_id, task, operator (per-file ids)"
-        )
+    parser.add_argument("--env-id", help="environment id of every episode (overrides the directory layout)")
+    parser.add_argument("--object-id", help="object id of every episode (overrides the directory layout)")
+    parser.add_argument("--task", help="task name of every episode")
+    parser.add_argument("--operator", help="who collected the demonstrations")
+    parser.add_argument(
+        "--manifest", help="CSV with columns source, env_id, object_id, task, operator (per-file ids)"
+    )
+    parser.add_argument("--max-episodes", type=int, help="ingest only the first N episodes")
     parser.add_argument(
         "--image-codec",
         choices=["jpeg", "png", "jpegxl"],
-        help="image codec of a new store (default: jpeg; png for replay buffers)",
+        help=f"image codec of a new store (default: {adapter.default_image_codec})",
     )
     parser.add_argument("--workers", type=int, default=1, help="processes for decoding/encoding (default 1)")
     parser.add_argument(
@@ -45,86 +64,33 @@ def build_parser() -> argparse.ArgumentParser:
         prog="demoscale ingest", description="Ingest demonstrations into an episode store."
     )
     formats = parser.add_subparsers(dest="format", required=True, metavar="FORMAT")
-
-    umi = formats.add_parser("umi", help="UMI dataset.zarr.zip files or a <task>/env_<i>/object_<j>/ tree")
-    umi.add_argument("src", help="a dataset.zarr.zip or a directory searched for *.zarr.zip")
-    umi.add_argument(
-        "--rate-hz", type=float, help="frame rate (default: the zip's rate_hz attribute, else 60)"
-    )
-    _common(umi, manifest=True)
-
-    session = formats.add_parser(
-        "umi-session", help="a raw UMI session: dataset_plan.pkl + demos/*/raw_video.mp4"
-    )
-    session.add_argument("src", help="the session directory")
-    session.add_argument("--resolution", type=int, default=224, help="square image size (default 224)")
-    session.add_argument("--rate-hz", type=float, help="frame rate (default: from the plan's timestamps)")
-    session.add_argument(
-        "--trust-pickle",
-        action="store_true",
-        help="unpickle a plan that needs more than plain containers and numpy arrays; "
-        "this runs whatever code the pickle names: only for sessions you made or trust",
-    )
-    _common(session)
-
-    joylo = formats.add_parser("joylo", help="JoyLo per-episode HDF5 files or a merged BRS file")
-    joylo.add_argument("src", help="an .h5/.hdf5 file or a directory searched for them")
-    _common(joylo, manifest=True)
-
-    robomimic = formats.add_parser("robomimic", help="a robomimic HDF5 file")
-    robomimic.add_argument("src", help="the .hdf5 file")
-    robomimic.add_argument(
-        "--rate-hz", type=float, help="control rate (default: the file's control_freq, else 20)"
-    )
-    _common(robomimic)
-
-    replay = formats.add_parser("replay-buffer", help="a diffusion_policy replay buffer (.zarr or .zarr.zip)")
-    replay.add_argument("src", help="the replay buffer directory or zip")
-    replay.add_argument("--rate-hz", type=float, default=10.0, help="frame rate (default 10)")
-    replay.add_argument("--max-episodes", type=int, help="ingest only the first N episodes")
-    _common(replay)
-    replay.set_defaults(image_codec="png")  # lossless: stored frames equal the source's
+    for name in FORMATS:
+        adapter = source_format(name)
+        subcommand = formats.add_parser(name, help=adapter.summary)
+        subcommand.add_argument("src", help=adapter.src_help)
+        annotations = typing.get_type_hints(adapter.options_type)
+        for option in fields(adapter.options_type):
+            _add_option(subcommand, option, annotations[option.name])
+        _add_common(subcommand, adapter)
     return parser
 
 
 def run(args: argparse.Namespace):
-    """Call the ingester the parsed arguments ask for; returns its IngestSummary."""
-    common = {
-        "image_codec": args.image_codec,
-        "workers": args.workers,
-        "dry_run": args.dry_run,
-        "progress": not args.no_progress,
-        "lock_timeout": args.lock_timeout,
-    }
-    ids = {"env_id": args.env_id, "object_id": args.object_id, "task": args.task, "operator": args.operator}
-    if args.format == "umi":
-        from demoscale.collect.umi import ingest_umi
-
-        return ingest_umi(args.src, args.store, manifest=args.manifest, rate_hz=args.rate_hz, **ids, **common)
-    if args.format == "umi-session":
-        from demoscale.collect.umi_session import ingest_umi_session
-
-        return ingest_umi_session(
-            args.src,
-            args.store,
-            resolution=args.resolution,
-            rate_hz=args.rate_hz,
-            trust_pickle=args.trust_pickle,
-            **ids,
-            **common,
-        )
-    if args.format == "joylo":
-        from demoscale.collect.joylo import ingest_joylo
-
-        return ingest_joylo(args.src, args.store, manifest=args.manifest, **ids, **common)
-    if args.format == "robomimic":
-        from demoscale.collect.robomimic import ingest_robomimic
-
-        return ingest_robomimic(args.src, args.store, rate_hz=args.rate_hz, **ids, **common)
-    from demoscale.collect.replay_buffer import ingest_replay_buffer
-
-    return ingest_replay_buffer(
-        args.src, args.store, rate_hz=args.rate_hz, max_episodes=args.max_episodes, **ids, **common
+    """Call the driver for the parsed arguments; returns its IngestSummary."""
+    adapter = source_format(args.format)
+    options = adapter.options_type(
+        **{option.name: getattr(args, option.name) for option in fields(adapter.options_type)}
+    )
+    common = ("env_id", "object_id", "task", "operator", "manifest", "max_episodes", "image_codec", "workers")
+    return ingest(
+        adapter,
+        args.src,
+        args.store,
+        options,
+        **{name: getattr(args, name) for name in common},
+        dry_run=args.dry_run,
+        progress=not args.no_progress,
+        lock_timeout=args.lock_timeout,
     )
 
 

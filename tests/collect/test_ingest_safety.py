@@ -5,7 +5,6 @@ Every test runs the real command (`python -m demoscale ingest ...`) in real proc
 
 from __future__ import annotations
 
-import multiprocessing
 import os
 import pickle
 import signal
@@ -19,7 +18,7 @@ import numpy as np
 import pytest
 import zarr
 from demoscale.collect.zarr_source import register_image_codecs
-from demoscale.datasets import EpisodeStore, writer_lock
+from demoscale.datasets import EpisodeStore
 
 
 def _ingest(*args: str, wait: bool = True, **kwargs):
@@ -93,23 +92,12 @@ def test_two_ingests_into_one_store_write_every_episode_once(tmp_path, sources, 
     assert sum(written) == 28  # what the two processes report adds up to what the store holds
 
 
-def _hold(store: str, held, release) -> None:
-    with writer_lock(store):
-        held.set()
-        release.wait(120)
-
-
-def test_ingest_waits_for_another_writer_and_times_out_clearly(tmp_path, sources) -> None:
+def test_ingest_waits_for_another_writer_and_times_out_clearly(tmp_path, sources, lock_holder) -> None:
     first, second, _, _ = sources
     store = tmp_path / "busy.zarr"
     assert _ingest("umi", str(first), "--store", str(store)).returncode == 0
     before = _files(store)
-    context = multiprocessing.get_context("fork")
-    held, release = context.Event(), context.Event()
-    holder = context.Process(target=_hold, args=(str(store), held, release))
-    holder.start()
-    try:
-        assert held.wait(30)
+    with lock_holder(store) as holder:
         timed_out = _ingest("umi", str(second), "--store", str(store), "--lock-timeout", "1")
         assert timed_out.returncode == 1
         assert (
@@ -123,13 +111,10 @@ def test_ingest_waits_for_another_writer_and_times_out_clearly(tmp_path, sources
         while "waiting" not in message and time.monotonic() < deadline:
             message += os.read(waiting.stderr.fileno(), 4096).decode()
         assert f"another writer holds the store (pid {holder.pid}" in message and "waiting" in message
-        release.set()
+        holder.release()
         out, err = waiting.communicate(timeout=600)
         assert waiting.returncode == 0, err
         assert "wrote 12 episodes" in out and "skipped 4" in out
-    finally:
-        release.set()
-        holder.join(30)
 
 
 @pytest.fixture(scope="module")

@@ -82,23 +82,14 @@ def test_two_writer_processes_write_every_episode_once(tmp_path: Path) -> None:
     _check_each_once(path, set(range(0, 45)))
 
 
-def _hold_lock(path: str, held, release) -> None:
-    with writer_lock(path):
-        held.set()
-        release.wait(60)
-
-
-def test_second_writer_waits_with_a_message_then_times_out_clearly(tmp_path: Path, caplog) -> None:
+def test_second_writer_waits_with_a_message_then_times_out_clearly(
+    tmp_path: Path, caplog, lock_holder
+) -> None:
     path = tmp_path / "busy.zarr"
     store = EpisodeStore.create(path, FEATURES, image_codec="png")
     _append(store, 0)
     before = {p: p.read_bytes() for p in path.rglob("*") if p.is_file()}
-    context = multiprocessing.get_context("fork")
-    held, release = context.Event(), context.Event()
-    holder = context.Process(target=_hold_lock, args=(str(path), held, release))
-    holder.start()
-    try:
-        assert held.wait(30)
+    with lock_holder(path) as holder:
         with pytest.raises(StoreLockTimeout, match=rf"another writer \(pid {holder.pid} .*still held it"):
             with writer_lock(path, timeout=0.5):
                 pass
@@ -107,9 +98,6 @@ def test_second_writer_waits_with_a_message_then_times_out_clearly(tmp_path: Pat
             with store.transaction(lock_timeout=0):
                 _append(store, 1)
         assert {p: p.read_bytes() for p in path.rglob("*") if p.is_file()} == before
-    finally:
-        release.set()
-        holder.join(30)
     _append(store, 1)  # the lock is free again (a dead holder's flock goes with it)
     _check_each_once(path, {0, 1})
 
