@@ -11,7 +11,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 from demoscale.collect import FORMATS, IngestError, ingest
-from demoscale.collect.cli import main as cli_main
+from demoscale.collect.ingest_cli import main as cli_main
 from demoscale.collect.source_format import (
     ContentHash,
     EpisodePlan,
