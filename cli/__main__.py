@@ -15,8 +15,14 @@ import sys
 COMMANDS: dict[str, tuple[str, str]] = {
     "demo": ("demoscale.demo", "run the whole loop in simulation: collect, ingest, sweep, fit, recommend"),
     "store": ("demoscale.datasets.cli", "inspect, validate and label episode stores"),
-    "ingest": ("demoscale.collect.cli", "ingest UMI, JoyLo, robomimic or replay-buffer data into a store"),
-    "collect": ("demoscale.eval.collect_cli", "collect scripted demonstrations in simulation (raw formats)"),
+    "ingest": (
+        "demoscale.collect.ingest_cli",
+        "ingest UMI, JoyLo, robomimic or replay-buffer data into a store",
+    ),
+    "collect": (
+        "demoscale.eval.collect_sim_cli",
+        "collect scripted demonstrations in simulation (raw formats)",
+    ),
     "train": ("demoscale.policies.cli", "train policies with the Lightning CLI (fit, validate, ...)"),
     "eval": ("demoscale.eval.cli", "roll out checkpoints or experts; import real-robot score files"),
     "sweep": ("demoscale.ray_jobs.cli", "sweep training over env/object/demo counts on Ray"),

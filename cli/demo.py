@@ -9,6 +9,7 @@ module only sequences them, times them and writes the report.
 from __future__ import annotations
 
 import argparse
+import importlib.resources
 import json
 import os
 import shutil
@@ -22,7 +23,18 @@ from typing import Any
 
 from demoscale import DEFAULT_CONFIDENCE
 
-CONFIGS_DIR = Path(__file__).resolve().parents[1] / "configs"
+
+def configs_dir() -> Path:
+    """The default configs: the installed package's ``demoscale.configs`` (package data, so any
+    install finds them from any directory), else ``configs/`` of the source tree this module is
+    run from without installing (a checkout on PYTHONPATH)."""
+    try:
+        return Path(str(importlib.resources.files("demoscale.configs")))
+    except ModuleNotFoundError:
+        return Path(__file__).resolve().parents[1] / "configs"
+
+
+CONFIGS_DIR = configs_dir()
 DEMO_CONFIG = CONFIGS_DIR / "demo.yaml"
 
 

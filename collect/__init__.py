@@ -1,7 +1,9 @@
 """Readers, validators and writers of the raw demonstration formats, and ingestion into the store.
 
-Ingesters (each returns an :class:`IngestSummary` and raises :class:`IngestError` on bad input,
-leaving the store as it was):
+One driver ingests every format: :func:`ingest` (``ingest("umi", src, store, ...)``) returns an
+:class:`IngestSummary` and raises :class:`IngestError` on bad input, leaving the store as it was.
+The formats are adapters registered in ``collect/formats.py`` (``FORMATS``), each satisfying
+:class:`SourceFormat`; each also has a named shortcut with its options as keywords:
 
 - :func:`ingest_umi` — UMI ``dataset.zarr.zip`` files (or a ``<task>/env_<i>/object_<j>/`` tree);
 - :func:`ingest_umi_session` — a raw UMI session (``dataset_plan.pkl`` + ``demos/*/raw_video.mp4``);
@@ -18,11 +20,18 @@ from __future__ import annotations
 import importlib
 from typing import TYPE_CHECKING, Any
 
-from demoscale.collect.ingest import IngestError, IngestSummary
+from demoscale.collect.driver import IngestSummary, ingest
+from demoscale.collect.formats import FORMATS, source_format
+from demoscale.collect.source_format import IngestError, IngestLockTimeout, SourceFormat
 
 __all__ = [
+    "FORMATS",
     "IngestError",
+    "IngestLockTimeout",
     "IngestSummary",
+    "SourceFormat",
+    "ingest",
+    "source_format",
     "ingest_umi",
     "ingest_umi_session",
     "ingest_joylo",

@@ -29,11 +29,25 @@ from __future__ import annotations
 
 import os
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import numpy as np
-from demoscale.collect.ingest import IngestError
+from demoscale.collect.driver import IngestSummary, ingest
+from demoscale.collect.source_format import (
+    ContentHash,
+    EpisodePlan,
+    IngestError,
+    LoadedEpisode,
+    NoOptions,
+    SourceFormat,
+    SourcePlan,
+    as_uint8_image,
+    open_hdf5,
+    validating,
+)
+from demoscale.collect.sources import SourceIds
 
 RECORD_RATE_HZ = 10.0
 ARM_DOF = 6
@@ -235,7 +249,7 @@ def read_capture(path: str | os.PathLike) -> dict | None:
     """The ``capture`` attribute of a JoyLo file (JSON: camera key -> what produced it), if any."""
     import json
 
-    with _open_h5(Path(path)) as file:
+    with open_hdf5(Path(path)) as file:
         text = file.attrs.get("capture")
     if text is None:
         return None
@@ -339,7 +353,7 @@ def read_joylo_episode(group, where: str, episode: str) -> dict[str, np.ndarray]
         else:
             mask = np.ones(xyz.shape[:2], bool)
         arrays["pointcloud_xyz"] = xyz.astype(f32)
-        arrays["pointcloud_rgb"] = _as_uint8(rgb, reader, "obs/point_cloud/fused/rgb")
+        arrays["pointcloud_rgb"] = as_uint8_image(rgb, reader.where, "obs/point_cloud/fused/rgb", episode)
         arrays["pointcloud_mask"] = mask.astype(bool)
 
     if "obs/rgb" in group:
@@ -348,27 +362,8 @@ def read_joylo_episode(group, where: str, episode: str) -> dict[str, np.ndarray]
             frames = reader.read(key)
             if frames.ndim != 4 or frames.shape[-1] != 3:
                 raise reader.error(key, f"has shape {frames.shape}, expected (T, H, W, 3)")
-            arrays[f"{camera}_rgb"] = _as_uint8(frames, reader, key)
+            arrays[f"{camera}_rgb"] = as_uint8_image(frames, reader.where, key, episode)
     return arrays
-
-
-def _as_uint8(values: np.ndarray, reader: _EpisodeReader, key: str) -> np.ndarray:
-    if values.dtype == np.uint8:
-        return values
-    if np.issubdtype(values.dtype, np.floating) and not np.array_equal(values, np.round(values)):
-        raise reader.error(key, f"{values.dtype} values are not integral colours")
-    if values.min(initial=0) < 0 or values.max(initial=0) > 255:
-        raise reader.error(key, "colour values outside 0..255")
-    return values.astype(np.uint8)
-
-
-def _open_h5(path: Path):
-    import h5py
-
-    try:
-        return h5py.File(path, "r")
-    except Exception as error:  # h5py raises OSError for truncated or non-HDF5 files
-        raise IngestError(f"{path}: not a readable HDF5 file (truncated or corrupt?): {error}") from error
 
 
 def _episode_groups(file, path: Path) -> list[str]:
@@ -385,71 +380,67 @@ def _episode_groups(file, path: Path) -> list[str]:
     )
 
 
+@dataclass(frozen=True)
+class JoyloEpisode:
+    """One planned JoyLo episode: its file and group (``/`` for a raw per-episode file)."""
+
+    path: str
+    group: str
+
+
+class JoyloFormat(SourceFormat):
+    """JoyLo recordings (the :class:`~demoscale.collect.source_format.SourceFormat` contract)."""
+
+    name = "joylo"
+    summary = "JoyLo per-episode HDF5 files or a merged BRS file"
+    src_help = "an .h5/.hdf5 file or a directory searched for them"
+    patterns = ("*.h5", "*.hdf5")
+    what = "JoyLo HDF5 file"
+
+    def plan(
+        self, path: Path, ids: SourceIds, options: NoOptions, limit: int | None, progress: bool
+    ) -> SourcePlan:
+        """Validate every episode of one JoyLo file (they must share keys and shapes)."""
+        path = Path(path).resolve()
+        plans, first = [], None
+        with open_hdf5(path) as file:
+            rate_hz = float(file.attrs.get("record_freq", RECORD_RATE_HZ))
+            for group in validating(_episode_groups(file, path)[:limit], path, progress):
+                episode = "0" if group == "/" else group
+                arrays = read_joylo_episode(file[group], str(path), episode)
+                if first is None:
+                    first = arrays
+                elif _signature(arrays) != _signature(first):
+                    raise IngestError(
+                        f"{path}: episode {episode} has different keys/shapes from the file's first episode"
+                    )
+                source = str(path) if group == "/" else f"{path}#{group}"
+                digest = ContentHash().arrays(arrays).hexdigest()
+                plans.append(
+                    EpisodePlan(source, digest, len(arrays["action"]), JoyloEpisode(str(path), group), ids)
+                )
+        cameras = {
+            key[: -len("_rgb")]: first[key].shape[1:3]
+            for key in first
+            if key.endswith("_rgb") and not key.startswith("pointcloud_")
+        }
+        n_points = first["pointcloud_xyz"].shape[1] if "pointcloud_xyz" in first else None
+        return SourcePlan(joylo_features(n_points, cameras, rate_hz, read_capture(path)), plans)
+
+    def load(self, episode: JoyloEpisode, want_encoded: bool) -> LoadedEpisode:
+        path = Path(episode.path)
+        with open_hdf5(path) as file:
+            return read_joylo_episode(file[episode.group], str(path), episode.group), None
+
+
+JOYLO = JoyloFormat()
+
+
 def _signature(arrays: Mapping[str, np.ndarray]) -> dict[str, tuple]:
     return {key: (value.shape[1:], value.dtype.str) for key, value in arrays.items()}
 
 
-def plan_joylo_file(path: Path, ids, progress: bool = False):
-    """Validate every episode of one JoyLo file; return (signature, rate_hz, plans)."""
-    from demoscale.collect.ingest import ContentHash, EpisodePlan
-    from tqdm import tqdm
-
-    path = Path(path).resolve()
-    plans, signature = [], None
-    with _open_h5(path) as file:
-        rate_hz = float(file.attrs.get("record_freq", RECORD_RATE_HZ))
-        groups = _episode_groups(file, path)
-        for group_name in tqdm(
-            groups, desc=f"validate {path.name}", unit="episode", disable=not progress or len(groups) < 2
-        ):
-            episode = "0" if group_name == "/" else group_name
-            arrays = read_joylo_episode(file[group_name], str(path), episode)
-            if signature is None:
-                signature = _signature(arrays)
-            elif _signature(arrays) != signature:
-                raise IngestError(
-                    f"{path}: episode {episode} has different keys/shapes from the file's first episode"
-                )
-            digest = ContentHash()
-            for key in sorted(arrays):
-                digest.array(key, arrays[key])
-            plans.append(
-                EpisodePlan(
-                    source=str(path) if group_name == "/" else f"{path}#{group_name}",
-                    sha256=digest.hexdigest(),
-                    length=len(arrays["action"]),
-                    load_args={"path": str(path), "group": group_name},
-                    env_id=ids.env_id,
-                    object_id=ids.object_id,
-                    task=ids.task,
-                    operator=ids.operator,
-                )
-            )
-    return signature, rate_hz, plans
-
-
-def load_joylo_episode(args: Mapping, want_encoded: bool):
-    """Loader for one planned JoyLo episode."""
-    path = Path(args["path"])
-    with _open_h5(path) as file:
-        return read_joylo_episode(file[args["group"]], str(path), args["group"]), None
-
-
-def ingest_joylo(
-    src: str | os.PathLike,
-    store: str | os.PathLike,
-    *,
-    env_id: str | None = None,
-    object_id: str | None = None,
-    task: str | None = None,
-    operator: str | None = None,
-    manifest: str | os.PathLike | None = None,
-    image_codec: str | None = None,
-    workers: int = 1,
-    dry_run: bool = False,
-    progress: bool = True,
-    lock_timeout: float | None = None,
-):
+def ingest_joylo(src: str | os.PathLike, store: str | os.PathLike, **common: Any) -> IngestSummary:
     """Ingest JoyLo recordings into ``store``: a directory of raw per-episode HDF5 files (searched
     for ``*.h5`` / ``*.hdf5``), one such file, or a merged BRS file (``demo_<i>`` groups).
 
@@ -457,51 +448,6 @@ def ingest_joylo(
     (mobile base 3, torso 4, left arm 6, left gripper 1, right arm 6, right gripper 1); the base
     velocity is ``obs/odom/base_velocity`` where the file has it, else the odometry velocity rotated
     into the base frame. Depth images are not ingested. Everything is validated before writing.
+    ``common`` are the driver's keywords (:func:`demoscale.collect.ingest`).
     """
-    import time
-
-    from demoscale.collect.ingest import write_plans
-    from demoscale.collect.sources import resolve_sources
-
-    started = time.perf_counter()
-    overrides = {"env_id": env_id, "object_id": object_id, "task": task, "operator": operator}
-    sources = resolve_sources(
-        src, ["*.h5", "*.hdf5"], manifest=manifest, overrides=overrides, what="JoyLo HDF5 file"
-    )
-    signature, rates, plans, captures = None, set(), [], []
-    for path, ids in sources:
-        file_signature, rate_hz, file_plans = plan_joylo_file(path, ids, progress=progress)
-        if signature is not None and file_signature != signature:
-            raise IngestError(
-                f"{path}: keys/shapes {file_signature} differ from the first file's {signature}"
-            )
-        captures.append(read_capture(path))
-        if captures[-1] != captures[0]:
-            raise IngestError(
-                f"{path}: cameras recorded as {captures[-1]}, the first file's as {captures[0]}"
-            )
-        signature = signature or file_signature
-        rates.add(rate_hz)
-        plans.extend(file_plans)
-    if len(rates) > 1:
-        raise IngestError(f"{src}: files record different rates {sorted(rates)}")
-    cameras = {
-        key[: -len("_rgb")]: shape[:2]
-        for key, (shape, _) in signature.items()
-        if key.endswith("_rgb") and not key.startswith("pointcloud_")
-    }
-    n_points = signature["pointcloud_xyz"][0][0] if "pointcloud_xyz" in signature else None
-    features = joylo_features(n_points, cameras, rates.pop(), captures[0] if captures else None)
-    return write_plans(
-        store,
-        features,
-        plans,
-        load_joylo_episode,
-        sources=[str(p) for p, _ in sources],
-        image_codec=image_codec,
-        workers=workers,
-        dry_run=dry_run,
-        progress=progress,
-        started=started,
-        lock_timeout=lock_timeout,
-    )
+    return ingest(JOYLO, src, store, NoOptions(), **common)

@@ -15,28 +15,31 @@ from __future__ import annotations
 
 import json
 import os
-import time
 from collections.abc import Mapping
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import numpy as np
-from demoscale.collect.ingest import ContentHash, EpisodePlan, IngestError, IngestSummary, write_plans
-from tqdm import tqdm
+from demoscale.collect.driver import IngestSummary, ingest
+from demoscale.collect.source_format import (
+    ContentHash,
+    EpisodePlan,
+    IngestError,
+    LoadedEpisode,
+    SourceFormat,
+    SourcePlan,
+    open_hdf5,
+    option,
+    validating,
+)
+from demoscale.collect.sources import SourceIds
 
 DEFAULT_RATE_HZ = 20.0  # robosuite's default control frequency
 
 
 def _is_image(values: np.ndarray) -> bool:
     return values.dtype == np.uint8 and values.ndim == 4 and values.shape[-1] in (1, 3, 4)
-
-
-def _open(path: Path):
-    import h5py
-
-    try:
-        return h5py.File(path, "r")
-    except Exception as error:  # h5py raises OSError for truncated or non-HDF5 files
-        raise IngestError(f"{path}: not a readable HDF5 file (truncated or corrupt?): {error}") from error
 
 
 def read_demo(file, path: Path, demo: str) -> dict[str, np.ndarray]:
@@ -101,53 +104,76 @@ def _mask_tags(file) -> dict[str, list[str]]:
     return tags
 
 
-def plan_robomimic(path: str | os.PathLike, ids=None, progress: bool = False):
-    """Validate a whole robomimic file; return (key signature, env_args dict, plans)."""
-    from demoscale.collect.sources import SourceIds
+@dataclass(frozen=True)
+class RobomimicOptions:
+    rate_hz: float | None = option(None, "control rate (default: the file's control_freq, else 20)")
 
-    ids = ids or SourceIds()
-    path = Path(path).resolve()
-    plans, signature = [], None
-    with _open(path) as file:
-        demos = _demos(file, path)
-        try:
-            env_args = json.loads(file["data"].attrs.get("env_args", "{}"))
-        except (TypeError, json.JSONDecodeError):
-            env_args = {}
-        tags = _mask_tags(file)
-        for demo in tqdm(demos, desc=f"validate {path.name}", unit="demo", disable=not progress):
-            arrays = read_demo(file, path, demo)
-            demo_signature = {key: (values.shape[1:], values.dtype.str) for key, values in arrays.items()}
-            if signature is None:
-                signature = demo_signature
-            elif demo_signature != signature:
-                raise IngestError(
-                    f"{path}: episode {demo} has different keys/shapes from the first demonstration"
+
+@dataclass(frozen=True)
+class RobomimicDemo:
+    """One planned demonstration: its file and ``data/<demo>`` group."""
+
+    path: str
+    demo: str
+
+
+class RobomimicFormat(SourceFormat):
+    """robomimic HDF5 files (the :class:`~demoscale.collect.source_format.SourceFormat` contract)."""
+
+    name = "robomimic"
+    summary = "a robomimic HDF5 file"
+    src_help = "the .hdf5 file (or a directory searched for *.hdf5)"
+    patterns = ("*.hdf5",)
+    what = "robomimic HDF5 file"
+    options_type = RobomimicOptions
+
+    def plan(
+        self, path: Path, ids: SourceIds, options: RobomimicOptions, limit: int | None, progress: bool
+    ) -> SourcePlan:
+        """Validate a whole robomimic file (its demonstrations must share keys and shapes)."""
+        path = Path(path).resolve()
+        plans, signature = [], None
+        with open_hdf5(path) as file:
+            demos = _demos(file, path)
+            try:
+                env_args = json.loads(file["data"].attrs.get("env_args", "{}"))
+            except (TypeError, json.JSONDecodeError):
+                env_args = {}
+            ids = SourceIds(task=env_args.get("env_name")).override(ids)  # the task defaults to the env name
+            tags = _mask_tags(file)
+            for demo in validating(demos[:limit], path, progress, unit="demo"):
+                arrays = read_demo(file, path, demo)
+                demo_signature = {key: (values.shape[1:], values.dtype.str) for key, values in arrays.items()}
+                if signature is None:
+                    signature = demo_signature
+                elif demo_signature != signature:
+                    raise IngestError(
+                        f"{path}: episode {demo} has different keys/shapes from the first demonstration"
+                    )
+                digest = ContentHash().arrays(arrays).hexdigest()
+                load_args = RobomimicDemo(str(path), demo)
+                plans.append(
+                    EpisodePlan(
+                        f"{path}#{demo}",
+                        digest,
+                        len(arrays["action"]),
+                        load_args,
+                        ids,
+                        tags=tuple(tags.get(demo, [])),
+                    )
                 )
-            digest = ContentHash()
-            for key in sorted(arrays):
-                digest.array(key, arrays[key])
-            plans.append(
-                EpisodePlan(
-                    source=f"{path}#{demo}",
-                    sha256=digest.hexdigest(),
-                    length=len(arrays["action"]),
-                    load_args={"path": str(path), "demo": demo},
-                    env_id=ids.env_id,
-                    object_id=ids.object_id,
-                    task=ids.task or env_args.get("env_name"),
-                    operator=ids.operator,
-                    tags=tags.get(demo, []),
-                )
-            )
-    return signature, env_args, plans
+        rate_hz = options.rate_hz
+        if rate_hz is None:
+            rate_hz = float((env_args.get("env_kwargs") or {}).get("control_freq", DEFAULT_RATE_HZ))
+        return SourcePlan(robomimic_features(signature, rate_hz), plans)
+
+    def load(self, demo: RobomimicDemo, want_encoded: bool) -> LoadedEpisode:
+        path = Path(demo.path)
+        with open_hdf5(path) as file:
+            return read_demo(file, path, demo.demo), None
 
 
-def load_robomimic_demo(args: Mapping, want_encoded: bool):
-    """Loader for one planned robomimic demonstration."""
-    path = Path(args["path"])
-    with _open(path) as file:
-        return read_demo(file, path, args["demo"]), None
+ROBOMIMIC = RobomimicFormat()
 
 
 def robomimic_features(signature: Mapping[str, tuple], rate_hz: float) -> dict:
@@ -167,42 +193,11 @@ def robomimic_features(signature: Mapping[str, tuple], rate_hz: float) -> dict:
 
 
 def ingest_robomimic(
-    src: str | os.PathLike,
-    store: str | os.PathLike,
-    *,
-    env_id: str | None = None,
-    object_id: str | None = None,
-    task: str | None = None,
-    operator: str | None = None,
-    rate_hz: float | None = None,
-    image_codec: str | None = None,
-    workers: int = 1,
-    dry_run: bool = False,
-    progress: bool = True,
-    lock_timeout: float | None = None,
+    src: str | os.PathLike, store: str | os.PathLike, *, rate_hz: float | None = None, **common: Any
 ) -> IngestSummary:
     """Ingest a robomimic HDF5 file into ``store`` (all ``obs/`` keys, ``actions`` as ``action``,
     mask filters as tags). ``task`` defaults to the file's ``env_args`` env name; ``rate_hz`` to
     its control frequency, else 20 Hz. The whole file is validated before anything is written.
+    ``common`` are the driver's keywords (:func:`demoscale.collect.ingest`).
     """
-    from demoscale.collect.sources import SourceIds
-
-    started = time.perf_counter()
-    ids = SourceIds(env_id=env_id, object_id=object_id, task=task, operator=operator)
-    path = Path(src)
-    signature, env_args, plans = plan_robomimic(path, ids, progress=progress)
-    if rate_hz is None:
-        rate_hz = float((env_args.get("env_kwargs") or {}).get("control_freq", DEFAULT_RATE_HZ))
-    return write_plans(
-        store,
-        robomimic_features(signature, rate_hz),
-        plans,
-        load_robomimic_demo,
-        sources=[str(path.resolve())],
-        image_codec=image_codec,
-        workers=workers,
-        dry_run=dry_run,
-        progress=progress,
-        started=started,
-        lock_timeout=lock_timeout,
-    )
+    return ingest(ROBOMIMIC, src, store, RobomimicOptions(rate_hz=rate_hz), **common)

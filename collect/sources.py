@@ -14,7 +14,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, replace
 from pathlib import Path
 
-from demoscale.collect.ingest import IngestError
+from demoscale.collect.source_format import IngestError
 
 ID_FIELDS = ("env_id", "object_id", "task", "operator")
 

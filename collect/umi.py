@@ -34,12 +34,31 @@ import re
 import tempfile
 import zipfile
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import numpy as np
-from demoscale.collect.ingest import ContentHash, EpisodePlan, IngestError, check_finite, write_plans
-from demoscale.collect.sources import SourceIds, resolve_sources
-from demoscale.collect.zarr_source import RawGroup, inspect_group, open_cached, register_image_codecs
+from demoscale.collect.driver import IngestSummary, ingest
+from demoscale.collect.source_format import (
+    ContentHash,
+    EpisodePlan,
+    IngestError,
+    LoadedEpisode,
+    SourceFormat,
+    SourcePlan,
+    option,
+    validating,
+)
+from demoscale.collect.sources import SourceIds
+from demoscale.collect.zarr_source import (
+    GroupInfo,
+    RawGroup,
+    episode_group,
+    open_cached,
+    read_checked,
+    register_image_codecs,
+)
 
 JPEGXL_CODEC_ID = "imagecodecs_jpegxl"
 _ROBOT_LOW_DIM = ("eef_pos", "eef_rot_axis_angle", "gripper_width")
@@ -280,91 +299,138 @@ def _copyable(array) -> bool:
     )
 
 
-def plan_umi_zip(path: str | os.PathLike, ids=None, rate_hz: float | None = None, progress: bool = False):
-    """Validate a whole UMI zip; return (features, episode plans, rate_hz). Raises IngestError."""
-    from tqdm import tqdm
+@dataclass(frozen=True)
+class UmiOptions:
+    rate_hz: float | None = option(None, "frame rate (default: the zip's rate_hz attribute, else 60)")
 
-    ids = ids or SourceIds()
-    path = Path(path).resolve()
-    raw = RawGroup(path)
-    try:
-        info = inspect_group(raw)
-        robots, cameras, keys = _split_keys(info, str(path))
-        import zarr
 
-        root = zarr.open_group(raw.zarr_store(), mode="r", zarr_format=2)
-        if rate_hz is None:
-            rate_hz = float(root.attrs.get("rate_hz", UMI_RATE_HZ))
-        capture = root.attrs.get("capture") or None
-        low_dim = {}
-        for key in keys:
-            if key.startswith("robot"):
-                try:
-                    low_dim[key] = np.asarray(root[f"data/{key}"][:])
-                except Exception as error:
-                    raise IngestError(f"{path}: key {key!r} cannot be read: {error}") from error
-                check_finite(low_dim[key], str(path), key, info.episode_ends)
-        for camera in cameras:
-            key = f"camera{camera}_rgb"
-            try:
-                root[f"data/{key}"][0]
-            except Exception as error:
-                raise IngestError(
-                    f"{path}: key {key!r}, episode 0: frame 0 cannot be decoded: {error}"
-                ) from error
-        plans = []
-        for episode in tqdm(
-            range(info.n_episodes), desc=f"validate {path.name}", unit="episode", disable=not progress
-        ):
-            start, end = info.bounds(episode)
-            digest = ContentHash()
-            for key in sorted(low_dim):
-                digest.array(key, low_dim[key][start:end])
-            for camera in sorted(cameras):
-                key = f"camera{camera}_rgb"
-                array = info.arrays[key]
-                if _copyable(array):
-                    for frame in range(start, end):
-                        name = array.chunk_name(frame)
-                        if not raw.exists(name):
-                            raise IngestError(
-                                f"{path}: key {key!r}, episode {episode}: chunk of frame {frame - start} is missing"
-                            )
-                        digest.raw(key, raw.read(name))
-                else:
-                    try:
-                        digest.array(key, np.asarray(root[f"data/{key}"][start:end]))
-                    except Exception as error:
-                        raise IngestError(
-                            f"{path}: key {key!r}, episode {episode}: cannot be decoded: {error}"
-                        ) from error
-            load_args = {
-                "path": str(path),
-                "episode_name": f"episode {episode}",
-                "start": start,
-                "end": end,
-                "robots": robots,
-                "keys": keys,
-                "copyable": [k for k in keys if k.startswith("camera") and _copyable(info.arrays[k])],
-            }
-            plans.append(
-                EpisodePlan(
-                    source=f"{path}#episode={episode}",
-                    sha256=digest.hexdigest(),
-                    length=end - start,
-                    load_args=load_args,
-                    env_id=ids.env_id,
-                    object_id=ids.object_id,
-                    task=ids.task,
-                    operator=ids.operator,
-                )
+@dataclass(frozen=True)
+class UmiEpisode:
+    """Where one planned episode of a UMI zip lies, and how to read it."""
+
+    path: str
+    episode: int
+    start: int
+    end: int
+    robots: tuple[int, ...]
+    keys: tuple[str, ...]
+    copyable: tuple[str, ...]  # camera keys whose chunk bytes can be copied as they are
+
+
+class UmiZipFormat(SourceFormat):
+    """UMI ``dataset.zarr.zip`` files (the :class:`~demoscale.collect.source_format.SourceFormat` contract)."""
+
+    name = "umi"
+    summary = "UMI dataset.zarr.zip files or a <task>/env_<i>/object_<j>/ tree"
+    src_help = "a dataset.zarr.zip or a directory searched for *.zarr.zip"
+    patterns = ("*.zarr.zip",)
+    what = "UMI dataset.zarr.zip"
+    options_type = UmiOptions
+    copy_codec = "jpegxl"  # the zip's frames are JPEG-XL images: a JPEG-XL store takes them as they are
+
+    def plan(
+        self, path: Path, ids: SourceIds, options: UmiOptions, limit: int | None, progress: bool
+    ) -> SourcePlan:
+        """Validate a whole UMI zip (its low-dim arrays, and every frame's chunk present or decodable)."""
+        path = Path(path).resolve()
+        with episode_group(path) as (raw, info, root):
+            robots, cameras, keys = _split_keys(info, str(path))
+            rate_hz = (
+                options.rate_hz
+                if options.rate_hz is not None
+                else float(root.attrs.get("rate_hz", UMI_RATE_HZ))
             )
-    finally:
-        raw.close()
-    return umi_features(robots, cameras, rate_hz, capture), plans, rate_hz
+            capture = root.attrs.get("capture") or None
+            low_dim = {key: read_checked(root, info, key) for key in keys if key.startswith("robot")}
+            for camera in cameras:
+                key = f"camera{camera}_rgb"
+                try:
+                    root[f"data/{key}"][0]
+                except Exception as error:
+                    raise IngestError(
+                        f"{path}: key {key!r}, episode 0: frame 0 cannot be decoded: {error}"
+                    ) from error
+            copyable = tuple(k for k in keys if k.startswith("camera") and _copyable(info.arrays[k]))
+            plans = []
+            for episode in validating(range(info.n_episodes)[:limit], path, progress):
+                start, end = info.bounds(episode)
+                digest = ContentHash().arrays({key: values[start:end] for key, values in low_dim.items()})
+                for camera in sorted(cameras):
+                    _hash_frames(digest, raw, root, info, f"camera{camera}_rgb", episode)
+                load_args = UmiEpisode(str(path), episode, start, end, tuple(robots), tuple(keys), copyable)
+                plans.append(
+                    EpisodePlan(f"{path}#episode={episode}", digest.hexdigest(), end - start, load_args, ids)
+                )
+        return SourcePlan(umi_features(robots, cameras, rate_hz, capture), plans)
+
+    def load(self, episode: UmiEpisode, want_encoded: bool) -> LoadedEpisode:
+        """The episode's arrays (frames decoded, or their JPEG-XL bytes when ``want_encoded``) and action."""
+        raw, root = open_cached(episode.path)
+        start, end = episode.start, episode.end
+        arrays: dict[str, np.ndarray] = {}
+        encoded: dict[str, list[bytes]] = {}
+        for key in episode.keys:
+            array = root[f"data/{key}"]
+            if want_encoded and key in episode.copyable:
+                separator = array.metadata.dimension_separator or "."
+                rest = separator.join("0" for _ in array.shape[1:])
+                encoded[key] = [
+                    raw.read(f"data/{key}/{frame}{separator}{rest}") for frame in range(start, end)
+                ]
+                _check_copied_frames(encoded[key], tuple(array.shape[1:]), episode, key)
+            else:
+                try:
+                    arrays[key] = np.asarray(array[start:end])
+                except Exception as error:  # zarr and the codecs raise many types for damaged chunks
+                    raise IngestError(
+                        f"{episode.path}: key {key!r}, episode {episode.episode} (frames {start}:{end}): cannot be "
+                        f"read or decoded ({type(error).__name__}: {error})"
+                    ) from None
+        for robot in episode.robots:
+            for part in _ROBOT_LOW_DIM:
+                key = f"robot{robot}_{part}"
+                arrays[key] = arrays[key].reshape(end - start, -1).astype(np.float32, copy=False)
+            pose = np.concatenate(
+                [arrays[f"robot{robot}_eef_pos"], arrays[f"robot{robot}_eef_rot_axis_angle"]], axis=1
+            )
+            for part, row in (("demo_start_pose", 0), ("demo_end_pose", -1)):
+                key = f"robot{robot}_{part}"
+                if key in arrays:
+                    arrays[key] = arrays[key].astype(np.float64, copy=False)
+                else:
+                    arrays[key] = np.repeat(pose[row][None].astype(np.float64), end - start, axis=0)
+        arrays["action"] = next_pose_action(arrays, episode.robots)
+        return arrays, (encoded or None)
 
 
-def _check_copied_frames(frames: Sequence[bytes], shape: tuple[int, ...], args: Mapping, key: str) -> None:
+UMI_ZIP = UmiZipFormat()
+
+
+def _hash_frames(digest: ContentHash, raw: RawGroup, root, info: GroupInfo, key: str, episode: int) -> None:
+    """Hash an episode's frames: the raw chunk bytes where each chunk is one JPEG-XL frame (checking
+    that each is there), else the decoded frames."""
+    start, end = info.bounds(episode)
+    array = info.arrays[key]
+    if _copyable(array):
+        for frame in range(start, end):
+            name = array.chunk_name(frame)
+            if not raw.exists(name):
+                raise IngestError(
+                    f"{info.path}: key {key!r}, episode {episode}: chunk of frame {frame - start} is missing"
+                )
+            digest.raw(key, raw.read(name))
+        return
+    try:
+        digest.array(key, np.asarray(root[f"data/{key}"][start:end]))
+    except Exception as error:
+        raise IngestError(
+            f"{info.path}: key {key!r}, episode {episode}: cannot be decoded: {error}"
+        ) from error
+
+
+def _check_copied_frames(
+    frames: Sequence[bytes], shape: tuple[int, ...], episode: UmiEpisode, key: str
+) -> None:
     """Decode every frame about to be copied as it is, once: a corrupt frame must fail the ingest,
     not be stored (zip CRCs catch damaged bytes, not a frame that was written broken)."""
     import imagecodecs
@@ -374,117 +440,25 @@ def _check_copied_frames(frames: Sequence[bytes], shape: tuple[int, ...], args: 
             decoded = imagecodecs.jpegxl_decode(data)
         except Exception as error:
             raise IngestError(
-                f"{args['path']}: key {key!r}, {args.get('episode_name', 'episode')}: frame {offset} "
-                f"does not decode as JPEG-XL ({error})"
+                f"{episode.path}: key {key!r}, episode {episode.episode}: frame {offset} does not decode as "
+                f"JPEG-XL ({error})"
             ) from None
         if decoded.shape != shape:
             raise IngestError(
-                f"{args['path']}: key {key!r}, {args.get('episode_name', 'episode')}: frame {offset} "
-                f"decodes to {decoded.shape}, the array says {shape}"
+                f"{episode.path}: key {key!r}, episode {episode.episode}: frame {offset} decodes to "
+                f"{decoded.shape}, the array says {shape}"
             )
-
-
-def load_umi_episode(args: Mapping, want_encoded: bool):
-    """Loader for one planned UMI episode: (arrays, encoded frames or None)."""
-    raw, root = open_cached(args["path"])
-    start, end = args["start"], args["end"]
-    arrays: dict[str, np.ndarray] = {}
-    encoded: dict[str, list[bytes]] = {}
-    for key in args["keys"]:
-        array = root[f"data/{key}"]
-        if want_encoded and key in args["copyable"]:
-            separator = array.metadata.dimension_separator or "."
-            rest = separator.join("0" for _ in array.shape[1:])
-            encoded[key] = [raw.read(f"data/{key}/{frame}{separator}{rest}") for frame in range(start, end)]
-            _check_copied_frames(encoded[key], tuple(array.shape[1:]), args, key)
-        else:
-            try:
-                arrays[key] = np.asarray(array[start:end])
-            except Exception as error:  # zarr and the codecs raise many types for damaged chunks
-                raise IngestError(
-                    f"{args['path']}: key {key!r}, {args.get('episode_name', 'episode')} (frames "
-                    f"{start}:{end}): cannot be read or decoded ({type(error).__name__}: {error})"
-                ) from None
-    for robot in args["robots"]:
-        for part in ("eef_pos", "eef_rot_axis_angle", "gripper_width"):
-            key = f"robot{robot}_{part}"
-            arrays[key] = arrays[key].reshape(end - start, -1).astype(np.float32, copy=False)
-        pose = np.concatenate(
-            [arrays[f"robot{robot}_eef_pos"], arrays[f"robot{robot}_eef_rot_axis_angle"]], axis=1
-        )
-        for part, row in (("demo_start_pose", 0), ("demo_end_pose", -1)):
-            key = f"robot{robot}_{part}"
-            if key in arrays:
-                arrays[key] = arrays[key].astype(np.float64, copy=False)
-            else:
-                arrays[key] = np.repeat(pose[row][None].astype(np.float64), end - start, axis=0)
-    arrays["action"] = next_pose_action(arrays, args["robots"])
-    return arrays, (encoded or None)
 
 
 def ingest_umi(
-    src: str | os.PathLike,
-    store: str | os.PathLike,
-    *,
-    env_id: str | None = None,
-    object_id: str | None = None,
-    task: str | None = None,
-    operator: str | None = None,
-    manifest: str | os.PathLike | None = None,
-    rate_hz: float | None = None,
-    image_codec: str | None = None,
-    workers: int = 1,
-    dry_run: bool = False,
-    progress: bool = True,
-    lock_timeout: float | None = None,
-):
+    src: str | os.PathLike, store: str | os.PathLike, *, rate_hz: float | None = None, **common: Any
+) -> IngestSummary:
     """Ingest UMI ``dataset.zarr.zip`` files into the episode store at ``store``.
 
-    ``src`` is one zip or a directory searched for ``*.zarr.zip`` (env/object/task taken from a
-    ``<task>/env_<i>/object_<j>/`` layout; ``manifest`` and the explicit ids override it). Every
-    source is validated as a whole before anything is written. When the store's image codec is
+    ``src`` is one zip or a directory searched for ``*.zarr.zip``. When the store's image codec is
     JPEG-XL the frames' compressed bytes are copied as they are; otherwise they are decoded and
     re-encoded by the store. ``rate_hz`` defaults to the zip's ``rate_hz`` attribute, else 60 Hz.
-    Returns an :class:`~demoscale.collect.IngestSummary`.
+    ``common`` are the driver's keywords (ids, ``manifest``, ``workers``, ``dry_run``, ...: see
+    :func:`demoscale.collect.ingest`). Returns an :class:`~demoscale.collect.IngestSummary`.
     """
-    import time
-
-    started = time.perf_counter()
-    overrides = {"env_id": env_id, "object_id": object_id, "task": task, "operator": operator}
-    sources = resolve_sources(
-        src, ["*.zarr.zip"], manifest=manifest, overrides=overrides, what="UMI dataset.zarr.zip"
-    )
-    features, plans, rates = None, [], set()
-    for path, ids in sources:
-        source_features, source_plans, source_rate = plan_umi_zip(path, ids, rate_hz, progress=progress)
-        if features is not None and _feature_signature(source_features) != _feature_signature(features):
-            raise IngestError(
-                f"{path}: keys/shapes {_feature_signature(source_features)} differ from the first source's "
-                f"{_feature_signature(features)}"
-            )
-        features = features or source_features
-        rates.add(source_rate)
-        plans.extend(source_plans)
-    if len(rates) > 1:
-        raise IngestError(f"{src}: sources record different rates {sorted(rates)}; pass rate_hz")
-    return write_plans(
-        store,
-        features,
-        plans,
-        load_umi_episode,
-        sources=[str(p) for p, _ in sources],
-        image_codec=image_codec,
-        copy_codec="jpegxl",
-        workers=workers,
-        dry_run=dry_run,
-        progress=progress,
-        started=started,
-        lock_timeout=lock_timeout,
-    )
-
-
-def _feature_signature(features: Mapping) -> list[tuple]:
-    # The recorded source is part of it: images of two different cameras do not share a key.
-    return sorted(
-        (key, spec.kind, tuple(spec.shape), spec.dtype, repr(spec.source)) for key, spec in features.items()
-    )
+    return ingest(UMI_ZIP, src, store, UmiOptions(rate_hz=rate_hz), **common)

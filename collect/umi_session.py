@@ -26,16 +26,25 @@ from __future__ import annotations
 import hashlib
 import os
 import pickle
-import time
 from collections.abc import Mapping
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import numpy as np
-from demoscale.collect.ingest import ContentHash, EpisodePlan, IngestError, IngestSummary, write_plans
-from demoscale.collect.sources import SourceIds, ids_from_layout
+from demoscale.collect.driver import IngestSummary, ingest
+from demoscale.collect.source_format import (
+    ContentHash,
+    EpisodePlan,
+    IngestError,
+    LoadedEpisode,
+    SourceFormat,
+    SourcePlan,
+    option,
+    validating,
+)
+from demoscale.collect.sources import SourceIds
 from demoscale.collect.umi import next_pose_action, umi_features
-from tqdm import tqdm
 
 PLAN_NAME = "dataset_plan.pkl"
 
@@ -173,18 +182,100 @@ def _low_dim(episode: Mapping, where: str, index: int) -> dict[str, np.ndarray]:
     return arrays
 
 
-def plan_session(
-    session: Path,
-    ids: SourceIds,
-    resolution: int,
-    rate_hz: float | None,
-    progress: bool,
-    trust_pickle: bool = False,
-):
-    """Validate a whole session; return (features, plans)."""
-    plan_path = session / PLAN_NAME
+@dataclass(frozen=True)
+class UmiSessionOptions:
+    resolution: int = option(224, "square image size (default 224)")
+    rate_hz: float | None = option(None, "frame rate (default: from the plan's timestamps)")
+    trust_pickle: bool = option(
+        False,
+        "unpickle a plan that needs more than plain containers and numpy arrays; "
+        "this runs whatever code the pickle names: only for sessions you made or trust",
+    )
+
+
+@dataclass(frozen=True)
+class SessionEpisode:
+    """One planned session episode: its plan entry and the frame range of each camera's video."""
+
+    plan: str
+    trust_pickle: bool
+    index: int
+    cameras: tuple[tuple[str, int, int], ...]  # (video, start, end) per camera
+    resolution: int
+
+
+class UmiSessionFormat(SourceFormat):
+    """Raw UMI sessions (the :class:`~demoscale.collect.source_format.SourceFormat` contract)."""
+
+    name = "umi-session"
+    summary = "a raw UMI session: dataset_plan.pkl + demos/*/raw_video.mp4"
+    src_help = "the session directory (or a directory of sessions, or a dataset_plan.pkl)"
+    patterns = (PLAN_NAME,)
+    what = f"UMI session ({PLAN_NAME})"
+    options_type = UmiSessionOptions
+
+    def plan(
+        self, path: Path, ids: SourceIds, options: UmiSessionOptions, limit: int | None, progress: bool
+    ) -> SourcePlan:
+        """Validate a whole session plan: every episode's arrays and every video's frame range."""
+        plan_path = Path(path).resolve()
+        session = plan_path.parent
+        where = str(plan_path)
+        videos = _Videos(session)
+        plans, layout, rate_hz = [], None, options.rate_hz
+        episodes = _read_plan(plan_path, options.trust_pickle)[:limit]
+        for index, episode in enumerate(validating(episodes, session, progress)):
+            arrays = _low_dim(episode, where, index)
+            length = len(arrays["robot0_eef_pos"])
+            cameras = tuple(
+                videos.frame_range(entry, where, index, camera, length)
+                for camera, entry in enumerate(episode.get("cameras") or [])
+            )
+            robots = sorted({int(key[5 : key.index("_")]) for key in arrays})
+            if layout is not None and (tuple(robots), len(cameras)) != layout:
+                raise IngestError(
+                    f"{where}: episode {index} has {(tuple(robots), len(cameras))} robots/cameras, episode 0 {layout}"
+                )
+            layout = (tuple(robots), len(cameras))
+            if rate_hz is None:
+                steps = np.diff(np.asarray(episode["episode_timestamps"], np.float64))
+                if len(steps) and np.median(steps) > 0:
+                    rate_hz = round(float(1.0 / np.median(steps)), 2)
+            digest = ContentHash().arrays(arrays)
+            for video, start, end in cameras:
+                digest.raw(
+                    "video", f"{videos.sha256[Path(video)]}:{start}:{end}:{options.resolution}".encode()
+                )
+            load_args = SessionEpisode(where, options.trust_pickle, index, cameras, options.resolution)
+            plans.append(
+                EpisodePlan(f"{plan_path}#episode={index}", digest.hexdigest(), length, load_args, ids)
+            )
+        robots, n_cameras = layout
+        cameras = {i: (options.resolution, options.resolution) for i in range(n_cameras)}
+        return SourcePlan(umi_features(robots, cameras, rate_hz or 60.0), plans)
+
+    def load(self, episode: SessionEpisode, want_encoded: bool) -> LoadedEpisode:
+        """The episode's arrays: its video frames decoded and resized, and the next-frame action."""
+        key = f"{os.getpid()}:{episode.plan}"
+        if key not in _PLANS:
+            _PLANS[key] = load_plan(episode.plan, episode.trust_pickle)
+        arrays = _low_dim(_PLANS[key][episode.index], episode.plan, episode.index)
+        for camera, (video, start, end) in enumerate(episode.cameras):
+            arrays[f"camera{camera}_rgb"] = read_video_frames(video, start, end, episode.resolution)
+        robots = sorted({int(k[5 : k.index("_")]) for k in arrays if k.startswith("robot")})
+        arrays["action"] = next_pose_action(arrays, robots)
+        return arrays, None
+
+
+UMI_SESSION = UmiSessionFormat()
+# Plans unpickled in this process (per process id: a forked worker reads its own).
+_PLANS: dict[str, list] = {}
+
+
+def _read_plan(plan_path: Path, trust_pickle: bool) -> list:
+    """The session plan's episodes; IngestError for a missing, hostile, damaged or empty plan."""
     if not plan_path.is_file():
-        raise IngestError(f"{session}: no {PLAN_NAME}: not a UMI session")
+        raise IngestError(f"{plan_path.parent}: no {PLAN_NAME}: not a UMI session")
     try:
         plan = load_plan(plan_path, trust_pickle)
     except UntrustedPickleError as error:
@@ -197,94 +288,42 @@ def plan_session(
         raise IngestError(f"{plan_path}: cannot be unpickled (truncated or corrupt?): {error}") from error
     if not isinstance(plan, list | tuple) or not plan:
         raise IngestError(f"{plan_path}: expected a non-empty list of episodes, got {type(plan).__name__}")
-    where = str(plan_path)
-    video_hashes: dict[Path, str] = {}
-    frame_counts: dict[Path, int] = {}
-    plans, layout = [], None
-    for index, episode in enumerate(
-        tqdm(plan, desc=f"validate {session.name}", unit="episode", disable=not progress)
-    ):
-        arrays = _low_dim(episode, where, index)
-        length = len(arrays["robot0_eef_pos"])
-        cameras = []
-        for camera, entry in enumerate(episode.get("cameras") or []):
-            try:
-                video = _video_path(session, str(entry["video_path"])).resolve()
-                start, end = (int(v) for v in entry["video_start_end"])
-            except (KeyError, TypeError, ValueError) as error:
-                raise IngestError(f"{where}: key 'cameras[{camera}]', episode {index}: {error}") from error
-            if not video.is_file():
-                raise IngestError(
-                    f"{where}: key 'cameras[{camera}]', episode {index}: video {video} is missing"
-                )
-            if end - start != length:
-                raise IngestError(
-                    f"{where}: key 'cameras[{camera}].video_start_end', episode {index}: {end - start} frames "
-                    f"but {length} timestamps"
-                )
-            if video not in frame_counts:
-                frame_counts[video] = _frame_count(video)
-                video_hashes[video] = _file_sha256(video)
-            if start < 0 or end > frame_counts[video]:
-                raise IngestError(
-                    f"{where}: key 'cameras[{camera}].video_start_end', episode {index}: frames {start}:{end} "
-                    f"outside the video's {frame_counts[video]} frames ({video})"
-                )
-            cameras.append((str(video), start, end))
-        robots = sorted({int(key[5 : key.index("_")]) for key in arrays})
-        episode_layout = (tuple(robots), len(cameras))
-        if layout is not None and episode_layout != layout:
+    return list(plan)
+
+
+class _Videos:
+    """The session's videos: found, counted and hashed once each."""
+
+    def __init__(self, session: Path) -> None:
+        self.session = session
+        self.frames: dict[Path, int] = {}
+        self.sha256: dict[Path, str] = {}
+
+    def frame_range(
+        self, entry: Mapping, where: str, index: int, camera: int, length: int
+    ) -> tuple[str, int, int]:
+        """(video, start, end) of one camera of plan episode ``index``, checked against the video."""
+        try:
+            video = _video_path(self.session, str(entry["video_path"])).resolve()
+            start, end = (int(v) for v in entry["video_start_end"])
+        except (KeyError, TypeError, ValueError) as error:
+            raise IngestError(f"{where}: key 'cameras[{camera}]', episode {index}: {error}") from error
+        if not video.is_file():
+            raise IngestError(f"{where}: key 'cameras[{camera}]', episode {index}: video {video} is missing")
+        if end - start != length:
             raise IngestError(
-                f"{where}: episode {index} has {episode_layout} robots/cameras, episode 0 {layout}"
+                f"{where}: key 'cameras[{camera}].video_start_end', episode {index}: {end - start} frames "
+                f"but {length} timestamps"
             )
-        layout = episode_layout
-        if rate_hz is None:
-            steps = np.diff(np.asarray(episode["episode_timestamps"], np.float64))
-            if len(steps) and np.median(steps) > 0:
-                rate_hz = round(float(1.0 / np.median(steps)), 2)
-        digest = ContentHash()
-        for key in sorted(arrays):
-            digest.array(key, arrays[key])
-        for video, start, end in cameras:
-            digest.raw("video", f"{video_hashes[Path(video)]}:{start}:{end}:{resolution}".encode())
-        plans.append(
-            EpisodePlan(
-                source=f"{plan_path}#episode={index}",
-                sha256=digest.hexdigest(),
-                length=length,
-                load_args={
-                    "plan": str(plan_path),
-                    "trust_pickle": trust_pickle,
-                    "index": index,
-                    "cameras": cameras,
-                    "resolution": resolution,
-                },
-                env_id=ids.env_id,
-                object_id=ids.object_id,
-                task=ids.task,
-                operator=ids.operator,
+        if video not in self.frames:
+            self.frames[video] = _frame_count(video)
+            self.sha256[video] = _file_sha256(video)
+        if start < 0 or end > self.frames[video]:
+            raise IngestError(
+                f"{where}: key 'cameras[{camera}].video_start_end', episode {index}: frames {start}:{end} "
+                f"outside the video's {self.frames[video]} frames ({video})"
             )
-        )
-    robots, n_cameras = layout
-    features = umi_features(robots, {i: (resolution, resolution) for i in range(n_cameras)}, rate_hz or 60.0)
-    return features, plans
-
-
-_PLANS: dict[str, list] = {}
-
-
-def load_session_episode(args: Mapping, want_encoded: bool):
-    """Loader for one planned session episode: decodes and resizes the video frames."""
-    key = f"{os.getpid()}:{args['plan']}"
-    if key not in _PLANS:
-        _PLANS[key] = load_plan(args["plan"], args.get("trust_pickle", False))
-    index = args["index"]
-    arrays = _low_dim(_PLANS[key][index], args["plan"], index)
-    for camera, (video, start, end) in enumerate(args["cameras"]):
-        arrays[f"camera{camera}_rgb"] = read_video_frames(video, start, end, args["resolution"])
-    robots = sorted({int(k[5 : k.index("_")]) for k in arrays if k.startswith("robot")})
-    arrays["action"] = next_pose_action(arrays, robots)
-    return arrays, None
+        return str(video), start, end
 
 
 def ingest_umi_session(
@@ -292,17 +331,9 @@ def ingest_umi_session(
     store: str | os.PathLike,
     *,
     resolution: int = 224,
-    env_id: str | None = None,
-    object_id: str | None = None,
-    task: str | None = None,
-    operator: str | None = None,
     rate_hz: float | None = None,
-    image_codec: str | None = None,
-    workers: int = 1,
-    dry_run: bool = False,
-    progress: bool = True,
-    lock_timeout: float | None = None,
     trust_pickle: bool = False,
+    **common: Any,
 ) -> IngestSummary:
     """Ingest a raw UMI session directory (``dataset_plan.pkl`` + ``demos/*/raw_video.mp4``).
 
@@ -311,26 +342,8 @@ def ingest_umi_session(
     ``<task>/env_<i>/object_<j>/`` layout above the session unless given. ``rate_hz`` defaults to
     the plan's timestamps. The whole plan and every video's frame range are checked first.
     The plan pickle is read with a restricted unpickler (plain data and numpy arrays only) unless
-    ``trust_pickle`` (see the module docstring).
+    ``trust_pickle`` (see the module docstring). ``common`` are the driver's keywords
+    (:func:`demoscale.collect.ingest`).
     """
-    started = time.perf_counter()
-    session = Path(src).resolve()
-    if not session.is_dir():
-        raise IngestError(f"{session}: not a session directory")
-    ids = ids_from_layout(session / PLAN_NAME).override(
-        {"env_id": env_id, "object_id": object_id, "task": task, "operator": operator}
-    )
-    features, plans = plan_session(session, ids, resolution, rate_hz, progress, trust_pickle)
-    return write_plans(
-        store,
-        features,
-        plans,
-        load_session_episode,
-        sources=[str(session / PLAN_NAME)],
-        image_codec=image_codec,
-        workers=workers,
-        dry_run=dry_run,
-        progress=progress,
-        started=started,
-        lock_timeout=lock_timeout,
-    )
+    options = UmiSessionOptions(resolution=resolution, rate_hz=rate_hz, trust_pickle=trust_pickle)
+    return ingest(UMI_SESSION, src, store, options, **common)

@@ -12,12 +12,14 @@ from __future__ import annotations
 import json
 import os
 import zipfile
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import numpy as np
-from demoscale.collect.ingest import IngestError
+from demoscale.collect.source_format import IngestError, check_finite
 
 
 def register_image_codecs() -> None:
@@ -49,10 +51,6 @@ class RawGroup:
                 f"{self.path}: not a readable zip file (truncated or corrupt?): {error}"
             ) from error
         self._names = set(self._zip.namelist())
-
-    @property
-    def is_zip(self) -> bool:
-        return self._zip is not None
 
     def exists(self, name: str) -> bool:
         if self._zip is not None:
@@ -260,6 +258,29 @@ def inspect_group(raw: RawGroup) -> GroupInfo:
     return GroupInfo(path=path, episode_ends=episode_ends, arrays=arrays)
 
 
+@contextmanager
+def episode_group(path: str | os.PathLike) -> Iterator[tuple[RawGroup, GroupInfo, Any]]:
+    """(raw access, checked metadata, zarr group) of the source at ``path``, closed after the block."""
+    import zarr
+
+    raw = RawGroup(path)
+    try:
+        info = inspect_group(raw)
+        yield raw, info, zarr.open_group(raw.zarr_store(), mode="r", zarr_format=2)
+    finally:
+        raw.close()
+
+
+def read_checked(root: Any, info: GroupInfo, key: str, stop: int | None = None) -> np.ndarray:
+    """The frames before ``stop`` (default all) of ``data/<key>``, checked to be finite."""
+    try:
+        values = np.asarray(root[f"data/{key}"][:stop])
+    except Exception as error:
+        raise IngestError(f"{info.path}: key {key!r} cannot be read: {error}") from error
+    check_finite(values, str(info.path), key, info.episode_ends)
+    return values
+
+
 # One open source per worker process: a zip's central directory is read once, not per episode.
 _OPEN: dict[str, tuple[RawGroup, Any]] = {}
 
@@ -275,9 +296,3 @@ def open_cached(path: str | os.PathLike) -> tuple[RawGroup, Any]:
         raw = RawGroup(path)
         _OPEN[key] = (raw, zarr.open_group(raw.zarr_store(), mode="r", zarr_format=2))
     return _OPEN[key]
-
-
-def close_cached(path: str | os.PathLike) -> None:
-    entry = _OPEN.pop(f"{os.getpid()}:{path}", None)
-    if entry is not None:
-        entry[0].close()

@@ -9,22 +9,19 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from demoscale.datasets.locking import writer_lock
-from demoscale.datasets.store import (
-    EpisodeStore,
-    FeatureSpec,
-    StoreError,
-    StoreLockTimeout,
-    repair_store,
-    sha256_of,
-)
+from demoscale.datasets.repair import repair_store
+from demoscale.datasets.schema import FeatureSpec, StoreError, StoreLockTimeout
+from demoscale.datasets.store import DerivedArray, EpisodeStore, sha256_of, store_exists
 
 __all__ = [
+    "DerivedArray",
     "EpisodeStore",
     "FeatureSpec",
     "StoreError",
     "StoreLockTimeout",
     "repair_store",
     "sha256_of",
+    "store_exists",
     "writer_lock",
     "Subset",
     "select_subset",

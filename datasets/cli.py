@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import sys
 
-from demoscale.datasets.store import EpisodeStore, StoreError, dumps_info, repair_store
+from demoscale.datasets.repair import repair_store
+from demoscale.datasets.store import EpisodeStore, StoreError, dumps_info
 
 
 def _print_info(info: dict) -> None:

@@ -1,6 +1,8 @@
-"""Damage checks of a store's chunk files, for :meth:`EpisodeStore.validate`.
+"""Validation of an episode store: its invariants, and damage in its chunk files.
 
-Two depths:
+:func:`validate_store` (what :meth:`EpisodeStore.validate` runs) checks the format attributes,
+``episode_ends``, every array's length, shape and dtype, the metadata columns and the chunk files.
+The chunk files are checked at two depths:
 
 - the default (cheap) check looks at every chunk file of the committed frames and episodes without
   decoding data: the file exists (for stores that write every chunk, see the ``all_chunks_written``
@@ -17,16 +19,145 @@ Failures raise ``StoreError`` naming the array, the chunk file, the frames and t
 from __future__ import annotations
 
 import math
+import os
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
+from demoscale.datasets.schema import META_COLUMNS, SUCCESS_UNKNOWN, StoreError
+from demoscale.datasets.shards import EMPTY_CHUNK, local_path, sync
 
 if TYPE_CHECKING:
     from demoscale.datasets.store import EpisodeStore
 
 _ZSTD_MAGIC = 0xFD2FB528
-_EMPTY = 2**64 - 1
 _DEEP_BLOCK_FRAMES = 4096
+
+
+def validate_store(store: EpisodeStore, deep: bool = False, progress: bool = False) -> None:
+    """Check every invariant of ``store``; raise StoreError naming the key and episode at fault.
+
+    Always: the format attributes, ``episode_ends``, every array's length, shape and dtype, the
+    metadata columns, and the presence and sizes of every chunk file of committed data, plus
+    decoding the first and last frame of every image key. ``deep=True`` also reads every committed
+    value (``progress`` shows a bar).
+    """
+    _check_arrays(store)
+    check_chunk_files(store)  # before reading the columns, so that damage is named by its file
+    if store.n_episodes == 0:
+        return
+    _check_metadata(store)
+    # Spot-check that the first and last frame of every image key decode to the spec's shape.
+    for key, spec in store.features.items():
+        if spec.kind == "image":
+            for index in (0, store.n_frames - 1):
+                try:
+                    store.read(key, index, index + 1)
+                except StoreError as error:
+                    raise StoreError(f"{store.location}: data/{key} frame {index}: {error}") from None
+    if deep:
+        check_every_value(store, progress=progress)
+
+
+def _check_arrays(store: EpisodeStore) -> None:
+    """Root attributes, ``episode_ends``, and every array's length, shape and dtype."""
+    loc = store.location
+    attrs = dict(store._root.attrs)
+    for name in ("format", "version", "features", "image_codec"):
+        if name not in attrs:
+            raise StoreError(f"{loc}: root attribute {name!r} missing")
+    try:
+        ends_array = store._reload_array("meta/episode_ends")
+    except StoreError:
+        raise StoreError(f"{loc}: meta/episode_ends missing") from None
+    if ends_array.dtype != np.int64 or ends_array.ndim != 1:
+        raise StoreError(
+            f"{loc}: meta/episode_ends must be 1-d int64, is {ends_array.ndim}-d {ends_array.dtype}"
+        )
+    for column in META_COLUMNS:
+        store._reload_array(f"meta/{column}")
+    store._refresh()
+    if store._notes:
+        raise StoreError(f"{loc}: " + "; ".join(store._notes))
+    n, n_frames = store.n_episodes, store.n_frames
+    for key, spec in store.features.items():
+        array = store._reload_array(f"data/{key}")
+        if array.shape[0] < n_frames:
+            raise StoreError(f"{loc}: data/{key} has {array.shape[0]} frames, episode_ends says {n_frames}")
+        expected = (array.shape[0],) if spec.kind == "image" else (array.shape[0], *spec.shape)
+        if array.shape != expected:
+            raise StoreError(f"{loc}: data/{key} has shape {array.shape}, spec says {expected}")
+        if spec.kind != "image" and array.dtype != np.dtype(spec.dtype):
+            raise StoreError(f"{loc}: data/{key} has dtype {array.dtype}, spec says {spec.dtype}")
+    for column in META_COLUMNS:
+        rows = store._array(f"meta/{column}").shape[0]
+        if rows < n:
+            raise StoreError(f"{loc}: meta/{column} has {rows} rows for {n} episodes")
+
+
+def _check_metadata(store: EpisodeStore) -> None:
+    """Lengths against ``episode_ends``, non-empty ids, success values, present and unique hashes."""
+    loc, n = store.location, store.n_episodes
+    frame = store.episodes
+    lengths = np.diff(np.concatenate([[0], store.episode_ends]))
+    bad = np.flatnonzero(frame["length"].to_numpy() != lengths)
+    if len(bad):
+        i = int(bad[0])
+        raise StoreError(
+            f"{loc}: episode {i}: meta/length is {frame['length'][i]}, episode_ends give {lengths[i]}"
+        )
+    for column in ("env_id", "object_id"):
+        empty = np.flatnonzero(frame[column].to_numpy() == "")
+        if len(empty):
+            raise StoreError(f"{loc}: episode {int(empty[0])}: empty {column}")
+    success = store._read_column("meta/success", n)
+    odd = np.flatnonzero(~np.isin(success, [0, 1, SUCCESS_UNKNOWN]))
+    if len(odd):
+        raise StoreError(
+            f"{loc}: episode {int(odd[0])}: meta/success is {success[odd[0]]}, expected 1, 0 or -1"
+        )
+    hashes = frame["source_sha256"].to_numpy()
+    missing = np.flatnonzero(hashes == "")
+    if len(missing):
+        raise StoreError(
+            f"{loc}: episode {int(missing[0])}: source_sha256 missing (source {frame['source'][int(missing[0])]!r})"
+        )
+    seen: dict[str, int] = {}
+    for i, digest in enumerate(hashes):
+        if digest in seen:
+            raise StoreError(f"{loc}: episodes {seen[digest]} and {i} have the same source_sha256 {digest}")
+        seen[digest] = i
+
+
+def _file_size(store: EpisodeStore, key: str) -> int | None:
+    """Size of one file of the store (``data/x/c/0``), None if it does not exist."""
+    local = local_path(store.location)
+    if local is not None:
+        try:
+            return (local / key).stat().st_size
+        except FileNotFoundError:
+            return None
+    try:
+        return int(sync(store._root.store.getsize(key)))
+    except (FileNotFoundError, KeyError):
+        return None
+
+
+def _read_file(store: EpisodeStore, key: str, suffix: int | None = None) -> bytes:
+    """The bytes of one file of the store, or only its last ``suffix`` bytes."""
+    local = local_path(store.location)
+    if local is not None:
+        with open(local / key, "rb") as handle:
+            if suffix is not None:
+                handle.seek(-suffix, os.SEEK_END)
+            return handle.read()
+    from zarr.abc.store import SuffixByteRequest
+    from zarr.core.buffer import default_buffer_prototype
+
+    request = SuffixByteRequest(suffix) if suffix is not None else None
+    buffer = sync(store._root.store.get(key, prototype=default_buffer_prototype(), byte_range=request))
+    if buffer is None:
+        raise StoreError(f"{store.location}: {key} is missing")
+    return buffer.to_bytes()
 
 
 def zstd_frame_check(data: bytes) -> int | None:
@@ -90,7 +221,6 @@ def _describe(store: EpisodeStore, path: str, first: int, last: int) -> str:
 
 def check_chunk_files(store: EpisodeStore) -> None:
     """The default depth: presence and sizes of every chunk file that holds committed data."""
-    from demoscale.datasets.store import META_COLUMNS, StoreError
 
     strict = bool(store._root.attrs.get("all_chunks_written"))
     targets = [(f"data/{key}", store.n_frames, spec.kind) for key, spec in store.features.items()]
@@ -109,7 +239,7 @@ def check_chunk_files(store: EpisodeStore) -> None:
             first, last = index * per_file, min(length, (index + 1) * per_file)
             name = f"c/{index}{rest}"
             where = f"{store.location}: {path}/{name} ({_describe(store, path, first, last)})"
-            size = store._file_size(f"{path}/{name}")
+            size = _file_size(store, f"{path}/{name}")
             if size is None:
                 if kind == "image" or strict:
                     raise StoreError(f"{where}: chunk file is missing")
@@ -117,7 +247,7 @@ def check_chunk_files(store: EpisodeStore) -> None:
             if codecs_ == ["ShardingCodec"]:
                 _check_shard(store, path, name, size, first, last, index * per_file, kind, strict, where)
             elif codecs_ in (["BytesCodec", "ZstdCodec"], ["VLenUTF8Codec", "ZstdCodec"]):
-                data = store._read_file(f"{path}/{name}")
+                data = _read_file(store, f"{path}/{name}")
                 try:
                     content = zstd_frame_check(data)
                 except ValueError as error:
@@ -141,7 +271,6 @@ def _check_shard(
 ) -> None:
     """A shard's index (crc32c) and the byte range of each committed frame inside the file."""
     import google_crc32c
-    from demoscale.datasets.store import StoreError
 
     array = store._array(path)
     sharding = array.metadata.codecs[0]
@@ -153,14 +282,14 @@ def _check_shard(
         raise StoreError(
             f"{where}: shard file is truncated ({size} bytes, its index alone needs {index_bytes})"
         )
-    raw = store._read_file(f"{path}/{name}", suffix=index_bytes)
+    raw = _read_file(store, f"{path}/{name}", suffix=index_bytes)
     if google_crc32c.value(raw[:-4]) != int.from_bytes(raw[-4:], "little"):
         raise StoreError(f"{where}: shard index is damaged (crc32c mismatch)")
     index = np.frombuffer(raw[:-4], dtype="<u8").reshape(-1, 2)
     for position in range(last - first):
         offset, nbytes = (int(v) for v in index[first - shard_start + position])
         frame = first + position
-        if offset == _EMPTY and nbytes == _EMPTY:
+        if offset == EMPTY_CHUNK and nbytes == EMPTY_CHUNK:
             if kind == "image" or strict:
                 raise StoreError(f"{where}: frame {frame} is missing from the shard")
             continue
@@ -173,7 +302,6 @@ def _check_shard(
 
 def _locate_unreadable_frame(store: EpisodeStore, key: str, start: int, stop: int) -> None:
     """Raise StoreError naming the first frame of ``start:stop`` that cannot be read (checksum...)."""
-    from demoscale.datasets.store import StoreError
 
     path = f"data/{key}"
     for frame in range(start, stop):
@@ -189,7 +317,6 @@ def _locate_unreadable_frame(store: EpisodeStore, key: str, start: int, stop: in
 def check_every_value(store: EpisodeStore, progress: bool = False) -> None:
     """The deep depth: decode every image frame, decompress every numeric block, read every column."""
     from demoscale.datasets import codecs
-    from demoscale.datasets.store import META_COLUMNS, StoreError
     from tqdm import tqdm
 
     n_frames = store.n_frames
@@ -197,7 +324,7 @@ def check_every_value(store: EpisodeStore, progress: bool = False) -> None:
     with tqdm(total=total, unit="frame", desc="validate --deep", disable=not progress) as bar:
         for key, spec in store.features.items():
             path = f"data/{key}"
-            codec = store._array(path).attrs.get("codec", store.image_codec)
+            codec = store._image_codec(key)
             for start in range(0, n_frames, _DEEP_BLOCK_FRAMES):
                 stop = min(n_frames, start + _DEEP_BLOCK_FRAMES)
                 where = f"{store.location}: {path} {_describe(store, path, start, stop)}"

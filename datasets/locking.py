@@ -25,6 +25,8 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
+from demoscale.datasets.schema import StoreError, StoreLockTimeout
+
 logger = logging.getLogger(__name__)
 
 # Long enough for another ingest's batch to finish in ordinary use; short enough that a forgotten
@@ -92,7 +94,6 @@ def writer_lock(
     logging once who holds the lock; raises :class:`StoreLockTimeout` when the wait runs out.
     Does nothing for remote fsspec URLs (no lock is possible there).
     """
-    from demoscale.datasets.store import StoreError, StoreLockTimeout
     from filelock import Timeout
 
     path = lock_path(location)

@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 import pandas as pd
-from demoscale.datasets.store import StoreError
+from demoscale.datasets.schema import StoreError
 
 
 class SubsetError(StoreError, ValueError):

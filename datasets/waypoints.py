@@ -26,7 +26,6 @@ from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
-from demoscale.datasets.locking import writer_lock
 
 NEXT_WAYPOINT_KEY = "next_waypoint_index"
 
@@ -283,9 +282,8 @@ def label_store_waypoints(
     An existing cache computed with the same parameters is returned as is; a cache with different
     parameters is replaced only with ``overwrite=True``.
     """
+    from demoscale.datasets.store import EpisodeStore
     from tqdm import tqdm
-
-    from .store import EpisodeStore
 
     if not threshold > 0:
         raise WaypointError(f"waypoint threshold must be > 0, got {threshold}")
@@ -351,25 +349,10 @@ def label_store_waypoints(
 
 
 def _write_next_waypoint_index(store_path: str, values: np.ndarray, parameters: dict[str, Any]) -> None:
-    from .store import EpisodeStore, StoreError
+    from demoscale.datasets.store import EpisodeStore
 
     store = EpisodeStore.open(store_path, mode="a")
-    with writer_lock(store_path, what="label waypoints in"):
-        store._refresh()
-        if store.n_frames != len(values):
-            raise StoreError(
-                f"{store_path}: episodes were appended while labelling ({store.n_frames} frames now, "
-                f"{len(values)} labelled); label again"
-            )
-        array = store._root["data"].create_array(
-            NEXT_WAYPOINT_KEY,
-            shape=values.shape,
-            dtype="int64",
-            chunks=(max(1, min(len(values), 1 << 17)),),
-            overwrite=True,
-        )
-        array[:] = values
-        array.attrs["waypoint_parameters"] = parameters
+    store.write_derived(NEXT_WAYPOINT_KEY, values.astype(np.int64), {"waypoint_parameters": parameters})
 
 
 def read_next_waypoint_index(
@@ -380,16 +363,12 @@ def read_next_waypoint_index(
     A cache whose length no longer matches the store's frames (episodes appended after labelling)
     counts as absent.
     """
-    from .store import EpisodeStore
+    from demoscale.datasets.store import EpisodeStore
 
-    store = EpisodeStore.open(store_path, mode="r")
-    data = store._root["data"]
-    if NEXT_WAYPOINT_KEY not in data:
+    derived = EpisodeStore.open(store_path, mode="r").read_derived(NEXT_WAYPOINT_KEY)
+    if derived is None:
         return None
-    array = data[NEXT_WAYPOINT_KEY]
-    if array.shape[0] != store.n_frames:
-        return None
-    values = np.asarray(array[:], dtype=np.int64)
+    values = np.asarray(derived.values, dtype=np.int64)
     if with_parameters:
-        return values, dict(array.attrs.get("waypoint_parameters", {}))
+        return values, dict(derived.attrs.get("waypoint_parameters", {}))
     return values

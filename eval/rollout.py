@@ -509,49 +509,20 @@ def evaluate(
     finally:
         probe.close()
 
-    # Rollouts go round-robin over the pairs: rollout i -> pair i % n_pairs, its (i // n_pairs)-th episode.
-    jobs = []
-    for index in range(episodes):
-        e, o = pairs[index % len(pairs)]
-        episode = index // len(pairs)
-        jobs.append(RolloutJob(index, e, o, _rollout_seed(seed, e, o, episode), index < video_episodes))
+    jobs = _round_robin_jobs(pairs, episodes, seed, video_episodes)
     video_dir = str(Path(out_dir) / "videos") if out_dir is not None and video_episodes > 0 else None
     started = time.perf_counter()
     policy_ref = (
         policy if isinstance(actor, _ExpertActor) or isinstance(policy, str | os.PathLike) else actor.policy
     )
+    settings = (image_size, env_options, max_steps, video_dir, seed, batch_size, device)
     if workers <= 1:
-        rows = _run_jobs(
-            policy_ref,
-            definition.name,
-            jobs,
-            image_size,
-            env_options,
-            max_steps,
-            video_dir,
-            seed,
-            batch_size,
-            device,
-            progress=progress,
-        )
+        rows = _run_jobs(policy_ref, definition.name, jobs, *settings, progress=progress)
     else:
         shares = [jobs[w::workers] for w in range(workers) if jobs[w::workers]]
         with ProcessPoolExecutor(max_workers=len(shares), mp_context=get_context("spawn")) as pool:
             futures = [
-                pool.submit(
-                    _run_jobs,
-                    policy_ref,
-                    definition.name,
-                    share,
-                    image_size,
-                    env_options,
-                    max_steps,
-                    video_dir,
-                    seed,
-                    batch_size,
-                    device,
-                )
-                for share in shares
+                pool.submit(_run_jobs, policy_ref, definition.name, share, *settings) for share in shares
             ]
             rows = [row for future in futures for row in future.result()]
     wall = time.perf_counter() - started
@@ -580,3 +551,16 @@ def evaluate(
         (out / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
         written = str(out)
     return EvalResult(rollouts=rollouts, summary=summary, out_dir=written)
+
+
+def _round_robin_jobs(
+    pairs: list[tuple[int, int]], episodes: int, seed: int, video_episodes: int
+) -> list[RolloutJob]:
+    """Rollout i runs on pair ``i % n_pairs``, its ``i // n_pairs``-th episode; the first
+    ``video_episodes`` rollouts are filmed."""
+    jobs = []
+    for index in range(episodes):
+        e, o = pairs[index % len(pairs)]
+        episode = index // len(pairs)
+        jobs.append(RolloutJob(index, e, o, _rollout_seed(seed, e, o, episode), index < video_episodes))
+    return jobs

@@ -21,7 +21,7 @@ from demoscale.ray_jobs.config import (
     sweep_config_from_dict,
 )
 from demoscale.ray_jobs.grid import InfeasibleGridError, grid_points, plan_trials, train_steps, trial_id
-from demoscale.ray_jobs.results import RESULT_COLUMNS, ROLLOUT_COLUMNS, ResultsTable
+from demoscale.ray_jobs.results import RESULT_COLUMNS, ROLLOUT_COLUMNS, ResultsFolder
 from demoscale.ray_jobs.sweep import SweepError, SweepResult, run_sweep
 
 __all__ = [
@@ -33,7 +33,7 @@ __all__ = [
     "GridSpec",
     "InfeasibleGridError",
     "PolicySpec",
-    "ResultsTable",
+    "ResultsFolder",
     "SweepConfig",
     "SweepConfigError",
     "SweepError",

@@ -8,15 +8,15 @@ import time
 from typing import Any
 
 from demoscale.policies.progress import format_duration, format_progress
-from demoscale.ray_jobs.results import ResultsTable
+from demoscale.ray_jobs.results import ResultsFolder
 from ray.tune import Callback
 
 
 class ResultsWriter(Callback):
     """Adds each trial's row and rollouts to the results table the moment the trial completes."""
 
-    def __init__(self, table: ResultsTable) -> None:
-        self.table = table
+    def __init__(self, results: ResultsFolder) -> None:
+        self.results = results
         self.written: list[str] = []
         self.failed: dict[str, str] = {}
 
@@ -26,9 +26,9 @@ class ResultsWriter(Callback):
             return
         trial_id = result["row"]["trial_id"]
         try:
-            self.table.add_trial(result["row"], result.get("rollouts") or [])
+            self.results.add_trial(result["row"], result.get("rollouts") or [])
         except Exception as err:  # an exception here would make Tune rerun a finished trial
-            message = f"could not add trial {trial_id} to {self.table.folder}: {err!r}"
+            message = f"could not add trial {trial_id} to {self.results.folder}: {err!r}"
             print(f"demoscale sweep: {message}", file=sys.stderr)
             self.failed[trial_id] = message
             return

@@ -26,8 +26,10 @@ def _join(folder: str, name: str) -> str:
     return folder.rstrip("/") + "/" + name
 
 
-class ResultsTable:
-    """Reads and atomically rewrites the two tables in ``folder``."""
+class ResultsFolder:
+    """The sweep's output folder: reads and atomically rewrites its two tables (``results`` and
+    ``rollouts``, each as CSV and Parquet). What ``demoscale.scaling`` reads them into is its own
+    ``ResultsTable``."""
 
     def __init__(self, folder: str) -> None:
         self.folder = folder
@@ -105,10 +107,3 @@ class ResultsTable:
         old = old[old["trial_id"].astype(str) != trial]
         frames = [f for f in (old, new_row) if len(f)]
         self._write(pd.concat(frames, ignore_index=True)[RESULT_COLUMNS], "results")
-
-
-def decode_id_list(value: Any) -> list[str]:
-    """``env_ids``/``object_ids`` cells are JSON lists of strings; give them back as a list."""
-    if isinstance(value, list):
-        return [str(v) for v in value]
-    return [str(v) for v in json.loads(value)]

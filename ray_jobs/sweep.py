@@ -17,7 +17,7 @@ import yaml
 from demoscale.ray_jobs.cluster import ray_session
 from demoscale.ray_jobs.config import SweepConfig, load_sweep_config, sweep_config_from_dict
 from demoscale.ray_jobs.grid import plan_trials
-from demoscale.ray_jobs.results import ResultsTable
+from demoscale.ray_jobs.results import ResultsFolder
 from demoscale.ray_jobs.trial import TrialRuntime, finished_trial, tune_trainable
 
 
@@ -99,8 +99,8 @@ def run_sweep(
     episodes = _load_episodes(store)
     planned = plan_trials(config, episodes, store)
 
-    table = ResultsTable(output)
-    finished = table.finished_trial_ids()
+    folder = ResultsFolder(output)
+    finished = folder.finished_trial_ids()
     # Trials that finished while the driver was gone (killed after the trial, before its row).
     left_behind = {
         point["trial_id"]: done
@@ -113,7 +113,7 @@ def run_sweep(
             "(resume=True) to run only the unfinished ones, or choose another output folder"
         )
     for trial_id, (row, rollouts) in left_behind.items():
-        table.add_trial(row, rollouts)
+        folder.add_trial(row, rollouts)
         finished.add(trial_id)
     pending = [point for point in planned if point["trial_id"] not in finished]
     skipped = [point["trial_id"] for point in planned if point["trial_id"] in finished]
@@ -126,12 +126,12 @@ def run_sweep(
     failed: list[str] = []
     if pending:
         ran, failed = _run_on_tune(
-            config, pending, output, address, train_fn, evaluate_fn, stream, len(skipped), table
+            config, pending, output, address, train_fn, evaluate_fn, stream, len(skipped), folder
         )
     return SweepResult(
         output=output,
-        results=table.results(),
-        rollouts=table.rollouts(),
+        results=folder.results(),
+        rollouts=folder.rollouts(),
         planned=[p["trial_id"] for p in planned],
         ran=ran,
         skipped=skipped,
@@ -166,7 +166,7 @@ def _run_on_tune(
     evaluate_fn: Callable[..., Any] | None,
     stream: Any,
     n_skipped: int,
-    table: ResultsTable,
+    folder: ResultsFolder,
 ) -> tuple[list[str], list[str]]:
     from demoscale.ray_jobs.reporter import LiveTable, ResultsWriter
     from ray import tune
@@ -176,7 +176,7 @@ def _run_on_tune(
         tune.with_parameters(tune_trainable, runtime=runtime),
         {"cpu": config.resources.cpu, "gpu": config.resources.gpu},
     )
-    writer = ResultsWriter(table)
+    writer = ResultsWriter(folder)
     live = LiveTable(total=len(pending), skipped=n_skipped, stream=stream)
 
     def name_of(trial: Any) -> str:

@@ -204,26 +204,20 @@ def run_trial(
     started = time.perf_counter()
     folder = trial_dir(runtime.output, point["trial_id"])
     local = "://" not in folder or folder.startswith("file://")
-    local_folder = Path(folder.removeprefix("file://"))
-    if local:
+    local_folder = Path(folder.removeprefix("file://")) if local else None
+    if local_folder is not None:
         local_folder.mkdir(parents=True, exist_ok=True)
     done = finished_trial(runtime.output, point)
     if done is not None:  # finished in an earlier attempt whose report never reached the driver
         row, rollouts = done
         return {"score": float(row["score"]), "row": row, "rollouts": rollouts}
     max_steps = int(point["train_steps"])
-    recorded = _read_json(local_folder / TRAIN_RESULT_FILE) if local else None
-    if not (
-        isinstance(recorded, dict)
-        and int(recorded.get("steps", -1)) >= max_steps
-        and Path(str(recorded.get("checkpoint_path", ""))).is_file()
-    ):
-        recorded = None
+    recorded = _recorded_training(local_folder, max_steps) if local_folder is not None else None
     resume_from = None
-    if local and recorded is None:
-        resume_from = _prepare_resume(local_folder, max_steps)
     attempt = 1
-    if local:
+    if local_folder is not None:
+        if recorded is None:
+            resume_from = _prepare_resume(local_folder, max_steps)
         attempt = _log_attempt(
             local_folder,
             {
@@ -233,16 +227,63 @@ def run_trial(
                 "pid": os.getpid(),
             },
         )
+    if recorded is not None:  # training finished in an earlier attempt: evaluate what it left
+        trained = recorded
+    else:
+        overrides = _training_overrides(config, point, folder, resume_from, runtime.output)
+        trained = _train(point, runtime, overrides, local_folder, progress)
+    checkpoint = str(_attr(trained, "checkpoint_path"))
+    score, outcome, rollouts = _evaluate(point, runtime, trained, checkpoint, folder)
+    row = {
+        **{field: point[field] for field in _ROW_FIELDS_OF_POINT},
+        "score": score,
+        **outcome,
+        "env_ids": list(point["env_ids"]),
+        "object_ids": list(point["object_ids"]),
+        "train_steps": int(_attr(trained, "steps", default=point["train_steps"])),
+        "samples_seen": int(_attr(trained, "samples_seen", default=0)),
+        "wall_time_s": time.perf_counter() - started,
+        "attempts": attempt,
+        "checkpoint": checkpoint,
+    }
+    if local_folder is not None:
+        # Rollouts first, the row last: a row on disk means the trial is finished and whole.
+        _write_json(local_folder / ROLLOUTS_FILE, rollouts)
+        _write_json(local_folder / ROW_FILE, row)
+    return {"score": score, "row": row, "rollouts": rollouts}
 
-    injected = config.fault_injection.kill_after_first_checkpoint
-    marker = local_folder / "fault_injected.json"
-    stop_watching = threading.Event()
-    if local and injected and ("*" in injected or point["trial_id"] in injected) and not marker.exists():
-        _kill_after_first_checkpoint(str(local_folder), marker, stop_watching)
 
-    policy = config.policies[point["policy"]]
+# Fields of a results row copied from the grid point as they are.
+_ROW_FIELDS_OF_POINT = (
+    "trial_id",
+    "policy",
+    "n_envs",
+    "n_objects",
+    "n_pairs",
+    "demos_per_pair",
+    "total_demos",
+    "seed",
+)
+
+
+def _recorded_training(folder: Path, max_steps: int) -> dict[str, Any] | None:
+    """The training an earlier attempt finished and recorded (its checkpoint still there), or None."""
+    recorded = _read_json(folder / TRAIN_RESULT_FILE)
+    if (
+        isinstance(recorded, dict)
+        and int(recorded.get("steps", -1)) >= max_steps
+        and Path(str(recorded.get("checkpoint_path", ""))).is_file()
+    ):
+        return recorded
+    return None
+
+
+def _training_overrides(
+    config: SweepConfig, point: dict[str, Any], folder: str, resume_from: str | None, output: str
+) -> dict[str, Any]:
+    """The policy's overrides plus what the trial sets: store, subset, steps, seed and folders."""
     overrides = {
-        **policy.overrides,
+        **config.policies[point["policy"]].overrides,
         STORE_KEY: config.resolve(config.store),
         EPISODES_KEY: list(point["episode_indices"]),
         MAX_STEPS_KEY: int(point["train_steps"]),
@@ -257,49 +298,70 @@ def run_trial(
             logger=config.logger,
             logger_group=config.name,
             run_name=point["trial_id"],
-            logger_dir=runtime.output.rstrip("/") + "/tracking",
+            logger_dir=output.rstrip("/") + "/tracking",
         )
     if resume_from:
         overrides[CKPT_PATH_KEY] = resume_from
-    if recorded is not None:  # training finished in an earlier attempt: evaluate what it left
+    return overrides
+
+
+def _train(
+    point: dict[str, Any],
+    runtime: TrialRuntime,
+    overrides: dict[str, Any],
+    local_folder: Path | None,
+    progress: Callable[[dict[str, Any]], None] | None,
+) -> Any:
+    """Train (the sweep's trainer, default ``demoscale.policies.train``) and record the result in the
+    trial folder, so that a later attempt does not train again."""
+    config = runtime.config
+    policy_config = config.resolve(config.policies[point["policy"]].config)
+    stop_watching = threading.Event()
+    injected = config.fault_injection.kill_after_first_checkpoint
+    if local_folder is not None and injected and ("*" in injected or point["trial_id"] in injected):
+        marker = local_folder / "fault_injected.json"
+        if not marker.exists():
+            _kill_after_first_checkpoint(str(local_folder), marker, stop_watching)
+    train_fn, train_kwargs = runtime.train_fn, {}
+    if train_fn is None:
+        from demoscale.policies import train as train_fn
+
+        if progress is not None:
+            from demoscale.policies.callbacks import TrainingProgress
+
+            class ProgressToSweep(TrainingProgress):
+                def report(self, snapshot: dict[str, Any]) -> None:
+                    progress(snapshot)
+
+            train_kwargs["callbacks"] = [ProgressToSweep(every_s=PROGRESS_EVERY_S)]
+    try:
+        trained = train_fn(policy_config, overrides=overrides, **train_kwargs)
+    except SystemExit as err:  # the Lightning CLI exits on bad arguments; fail the trial, not the worker
+        raise RuntimeError(
+            f"trial {point['trial_id']}: training with {policy_config} exited ({err.code}); "
+            f"overrides: {sorted(overrides)}"
+        ) from None
+    finally:
         stop_watching.set()
-        trained = recorded
-    else:
-        train_fn, train_kwargs = runtime.train_fn, {}
-        if train_fn is None:
-            from demoscale.policies import train as train_fn
+    if local_folder is not None:
+        _write_json(
+            local_folder / TRAIN_RESULT_FILE,
+            {
+                "checkpoint_path": str(_attr(trained, "checkpoint_path")),
+                "steps": int(_attr(trained, "steps", default=point["train_steps"])),
+                "samples_seen": int(_attr(trained, "samples_seen", default=0)),
+                "metrics": dict(_attr(trained, "metrics", default={}) or {}),
+            },
+        )
+    return trained
 
-            if progress is not None:
-                from demoscale.policies.callbacks import TrainingProgress
 
-                class ProgressToSweep(TrainingProgress):
-                    def report(self, snapshot: dict[str, Any]) -> None:
-                        progress(snapshot)
-
-                train_kwargs["callbacks"] = [ProgressToSweep(every_s=PROGRESS_EVERY_S)]
-        try:
-            trained = train_fn(config.resolve(policy.config), overrides=overrides, **train_kwargs)
-        except SystemExit as err:  # the Lightning CLI exits on bad arguments; fail the trial, not the worker
-            raise RuntimeError(
-                f"trial {point['trial_id']}: training with {config.resolve(policy.config)} exited ({err.code}); "
-                f"overrides: {sorted(overrides)}"
-            ) from None
-        finally:
-            stop_watching.set()
-        if local:
-            _write_json(
-                local_folder / TRAIN_RESULT_FILE,
-                {
-                    "checkpoint_path": str(_attr(trained, "checkpoint_path")),
-                    "steps": int(_attr(trained, "steps", default=max_steps)),
-                    "samples_seen": int(_attr(trained, "samples_seen", default=0)),
-                    "metrics": dict(_attr(trained, "metrics", default={}) or {}),
-                },
-            )
-    checkpoint = str(_attr(trained, "checkpoint_path"))
-
-    rollouts: list[dict[str, Any]] = []
-    spec = config.eval
+def _evaluate(
+    point: dict[str, Any], runtime: TrialRuntime, trained: Any, checkpoint: str, folder: str
+) -> tuple[float, dict[str, Any], list[dict[str, Any]]]:
+    """(score, the row's interval and rollout-count columns, rollouts) of the trained checkpoint:
+    rolled out in simulation, or (offline mode) ``exp(-validation metric)`` without rollouts."""
+    spec = runtime.config.eval
     if spec.mode == "offline":
         metrics = _attr(trained, "metrics", default={}) or {}
         if spec.metric not in metrics:
@@ -307,72 +369,40 @@ def run_trial(
                 f"trial {point['trial_id']}: offline evaluation needs metric '{spec.metric}' from training, "
                 f"which reported {sorted(metrics)}"
             )
-        score = offline_score(float(metrics[spec.metric]))
-        summary = {"success_rate": float("nan"), "ci_low": float("nan"), "ci_high": float("nan"), "n": 0}
-        summary.update(score_ci_low=float("nan"), score_ci_high=float("nan"), confidence=float("nan"))
-    else:
-        evaluate_fn = runtime.evaluate_fn
-        if evaluate_fn is None:
-            from demoscale.eval import evaluate as evaluate_fn
-        evaluated = evaluate_fn(
-            checkpoint,
-            task=spec.task,
-            split=spec.split,
-            n_envs=spec.n_envs,
-            n_objects=spec.n_objects,
-            episodes=spec.episodes,
-            workers=spec.workers,
-            out_dir=folder + "/eval",
-            seed=spec.seed,
-            **spec.options,
-        )
-        frame = _attr(evaluated, "rollouts")
-        rollouts = [] if frame is None else frame.reset_index(drop=True).to_dict("records")
-        for index, rollout in enumerate(rollouts):
-            rollout["rollout_index"] = index
-        raw = _attr(evaluated, "summary", default={}) or {}
-        score = float(_attr(raw, "score", "mean_score"))
-        summary = {
-            "success_rate": float(_attr(raw, "success_rate")),
-            "ci_low": float(_attr(raw, "success_ci_low", "success_rate_ci_low")),
-            "ci_high": float(_attr(raw, "success_ci_high", "success_rate_ci_high")),
-            "n": int(_attr(raw, "n_rollouts", default=len(rollouts))),
-            # the score interval and the level of both (absent from evaluators that do not give them)
-            "score_ci_low": float(_attr(raw, "score_ci_low", default=float("nan"))),
-            "score_ci_high": float(_attr(raw, "score_ci_high", default=float("nan"))),
-            "confidence": float(_attr(raw, "confidence", default=float("nan"))),
-        }
-
-    row = {
-        "trial_id": point["trial_id"],
-        "policy": point["policy"],
-        "n_envs": point["n_envs"],
-        "n_objects": point["n_objects"],
-        "n_pairs": point["n_pairs"],
-        "demos_per_pair": point["demos_per_pair"],
-        "total_demos": point["total_demos"],
-        "seed": point["seed"],
-        "score": score,
-        "score_ci_low": summary["score_ci_low"],
-        "score_ci_high": summary["score_ci_high"],
-        "success_rate": summary["success_rate"],
-        "success_ci_low": summary["ci_low"],
-        "success_ci_high": summary["ci_high"],
-        "confidence": summary["confidence"],
-        "n_rollouts": summary["n"],
-        "env_ids": list(point["env_ids"]),
-        "object_ids": list(point["object_ids"]),
-        "train_steps": int(_attr(trained, "steps", default=point["train_steps"])),
-        "samples_seen": int(_attr(trained, "samples_seen", default=0)),
-        "wall_time_s": time.perf_counter() - started,
-        "attempts": attempt,
-        "checkpoint": checkpoint,
+        nan = float("nan")
+        outcome = dict.fromkeys(("score_ci_low", "score_ci_high", "success_rate", "success_ci_low"), nan)
+        outcome.update(success_ci_high=nan, confidence=nan, n_rollouts=0)
+        return offline_score(float(metrics[spec.metric])), outcome, []
+    evaluate_fn = runtime.evaluate_fn
+    if evaluate_fn is None:
+        from demoscale.eval import evaluate as evaluate_fn
+    evaluated = evaluate_fn(
+        checkpoint,
+        task=spec.task,
+        split=spec.split,
+        n_envs=spec.n_envs,
+        n_objects=spec.n_objects,
+        episodes=spec.episodes,
+        workers=spec.workers,
+        out_dir=folder + "/eval",
+        seed=spec.seed,
+        **spec.options,
+    )
+    frame = _attr(evaluated, "rollouts")
+    rollouts = [] if frame is None else frame.reset_index(drop=True).to_dict("records")
+    for index, rollout in enumerate(rollouts):
+        rollout["rollout_index"] = index
+    summary = _attr(evaluated, "summary", default={}) or {}
+    outcome = {
+        # the score interval and the level of both (absent from evaluators that do not give them)
+        **{
+            key: float(summary.get(key, float("nan")))
+            for key in ("score_ci_low", "score_ci_high", "confidence")
+        },
+        **{key: float(summary[key]) for key in ("success_rate", "success_ci_low", "success_ci_high")},
+        "n_rollouts": int(summary.get("n_rollouts", len(rollouts))),
     }
-    if local:
-        # Rollouts first, the row last: a row on disk means the trial is finished and whole.
-        _write_json(local_folder / ROLLOUTS_FILE, rollouts)
-        _write_json(local_folder / ROW_FILE, row)
-    return {"score": score, "row": row, "rollouts": rollouts}
+    return float(summary["score"]), outcome, rollouts
 
 
 def tune_trainable(params: dict[str, Any], runtime: TrialRuntime) -> None:

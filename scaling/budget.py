@@ -598,49 +598,15 @@ def recommend_budget(
         raise ValueError(f"confidence must lie in (0, 1), got {confidence}")
     unit_costs = (float(cost_env), float(cost_object), float(cost_demo))
     notes: list[str] = []
-    if isinstance(table_or_fit, LawFit):
-        fit, fits = table_or_fit, {table_or_fit.method: table_or_fit}
-        reason = "given as a fitted law (pass the results table to compare the forms)"
-        comparison: list[LawCandidate] = []
-        if not math.isclose(fit.confidence, confidence):
-            notes.append(
-                f"the law's intervals are at {fit.confidence:.0%}, the decision at {confidence:.0%}: "
-                "refit with the same confidence for one level throughout"
-            )
-    else:
-        results = as_results_table(table_or_fit, rollouts)
-        fit_kwargs = {
-            "n_bootstrap": n_bootstrap,
-            "seed": seed,
-            "confidence": confidence,
-            "bootstrap": bootstrap,
-        }
-        fit, reason, fits, comparison = _compare_and_choose(
-            results, axis or _default_axis(results), method, fit_kwargs
-        )
+    fit_kwargs = {"n_bootstrap": n_bootstrap, "seed": seed, "confidence": confidence, "bootstrap": bootstrap}
+    fit, reason, fits, comparison = _deciding_law(table_or_fit, rollouts, axis, method, fit_kwargs, notes)
     if fit.axis not in ("n_envs", "n_pairs"):
         raise ResultsError(f"a budget needs a law over n_envs or n_pairs, not {fit.axis!r}")
     have = _have(fit)
     candidates = _candidate_plans(fit, have, target, unit_costs, max_envs, max_demos_per_pair, notes)
     within = [p for p in candidates if p.extrapolation_factor <= max_extrapolation + 1e-9]
-    # The cheapest addition reaching the target with the probability asked (ties: the more probable,
-    # then the smaller dataset); and the most probable plan in range (ties: the largest, so that at
-    # 0% everywhere it says how far the data reach).
-    reaching = [p for p in within if p.probability >= confidence]
-    chosen = min(reaching, key=lambda p: (p.added_cost, -p.probability, p.n_pairs), default=None)
-    best = max(within, key=lambda p: (p.probability, p.extrapolation_factor, -p.added_cost), default=None)
-
-    floor = floor_interval = None
-    if fit.method == "loglog":
-        notes.append(
-            "the log-log law has no floor: with a falling gap every target is reached with enough data, "
-            "which is why plans stop at the extrapolation limit"
-        )
-    else:
-        floor_draws = fit.bootstrap_params[:, fit.param_names.index("E")]
-        floor = fit.floor
-        low, high = fit.bootstrap_interval(floor_draws, np.array([floor]))
-        floor_interval = (float(low[0]), float(high[0]))
+    chosen, best = _choose(within, confidence)
+    floor, floor_interval = _floor(fit, notes)
     required = fit.required_x(target)
     reachable = float(required["share_of_bootstrap_laws_reaching"])
     comparison = [_answer(law, fits, target, chosen or best) for law in comparison]
@@ -649,37 +615,7 @@ def recommend_budget(
         fit, have, target, confidence, max_extrapolation, cost_unit, candidates, chosen, best,
         required, floor, floor_interval,
     )  # fmt: skip
-
-    marginal_point = (
-        (chosen.n_envs, chosen.n_objects_per_env, chosen.demos_per_pair or math.nan)
-        if chosen is not None
-        else (have["n_envs"], have["n_objects_per_env"], have["demos_per_pair"] or math.nan)
-    )
-    marginal_env, marginal_demo, marginal_at = _marginal_values(fit, marginal_point, *unit_costs)
-    if fit.method != "joint":
-        notes.append(
-            "the law does not depend on demos per pair: the value of one more demo per pair is unknown"
-        )
-        marginal_demo = None
-    plan_fields: dict[str, Any] = {"extrapolation_factor": factor}
-    if chosen is not None:
-        plan_fields.update(
-            n_envs=chosen.n_envs,
-            n_objects_per_env=chosen.n_objects_per_env,
-            demos_per_pair=None if chosen.demos_per_pair is None else int(chosen.demos_per_pair),
-            n_pairs=chosen.n_pairs,
-            total_demos=chosen.total_demos,
-            expected_score=chosen.expected_score,
-            score_interval=chosen.score_interval,
-            probability=chosen.probability,
-            total_cost=chosen.total_cost,
-            cost_breakdown={
-                "environments": cost_env * chosen.n_envs,
-                "objects": cost_object * chosen.n_pairs,
-                "demos": cost_demo * (chosen.total_demos or 0),
-            },
-            added_cost=chosen.added_cost,
-        )
+    marginal_env, marginal_demo, marginal_at = _marginals(fit, chosen, have, unit_costs, notes)
     return BudgetRecommendation(
         status=status,
         message=message,
@@ -706,8 +642,104 @@ def recommend_budget(
         cost_unit=cost_unit,
         notes=tuple(notes),
         fit=fit,
-        **plan_fields,
+        extrapolation_factor=factor,
+        **_plan_fields(chosen, unit_costs),
     )
+
+
+def _deciding_law(
+    table_or_fit: LawFit | ResultsTable | pd.DataFrame | str | Path,
+    rollouts: str | Path | pd.DataFrame | None,
+    axis: str | None,
+    method: str | None,
+    fit_kwargs: dict[str, Any],
+    notes: list[str],
+) -> tuple[LawFit, str, dict[str, LawFit], list[LawCandidate]]:
+    """The law the decision rests on, why, every form fitted, and the comparison of the forms: a
+    given fit as it is, else the forms fitted on the table and one chosen by AICc (or ``method``)."""
+    if not isinstance(table_or_fit, LawFit):
+        results = as_results_table(table_or_fit, rollouts)
+        return _compare_and_choose(results, axis or _default_axis(results), method, fit_kwargs)
+    fit = table_or_fit
+    if not math.isclose(fit.confidence, fit_kwargs["confidence"]):
+        notes.append(
+            f"the law's intervals are at {fit.confidence:.0%}, the decision at {fit_kwargs['confidence']:.0%}: "
+            "refit with the same confidence for one level throughout"
+        )
+    return fit, "given as a fitted law (pass the results table to compare the forms)", {fit.method: fit}, []
+
+
+def _choose(within: list[Plan], confidence: float) -> tuple[Plan | None, Plan | None]:
+    """(recommended, best in range) among the plans within the extrapolation limit.
+
+    Recommended: the cheapest addition reaching the target with the probability asked (ties: the
+    more probable, then the smaller dataset). Best in range: the most probable plan (ties: the
+    largest, so that at 0% everywhere it says how far the data reach).
+    """
+    reaching = [p for p in within if p.probability >= confidence]
+    chosen = min(reaching, key=lambda p: (p.added_cost, -p.probability, p.n_pairs), default=None)
+    best = max(within, key=lambda p: (p.probability, p.extrapolation_factor, -p.added_cost), default=None)
+    return chosen, best
+
+
+def _floor(fit: LawFit, notes: list[str]) -> tuple[float | None, tuple[float, float] | None]:
+    """The law's floor E and its interval (None for the log-log law, which has none: noted)."""
+    if fit.method == "loglog":
+        notes.append(
+            "the log-log law has no floor: with a falling gap every target is reached with enough data, "
+            "which is why plans stop at the extrapolation limit"
+        )
+        return None, None
+    floor_draws = fit.bootstrap_params[:, fit.param_names.index("E")]
+    low, high = fit.bootstrap_interval(floor_draws, np.array([fit.floor]))
+    return fit.floor, (float(low[0]), float(high[0]))
+
+
+def _marginals(
+    fit: LawFit,
+    chosen: Plan | None,
+    have: dict[str, Any],
+    unit_costs: tuple[float, float, float],
+    notes: list[str],
+) -> tuple[Any, Any, Any]:
+    """Marginal values of one more environment and one more demo per pair, at the recommended plan
+    (else at what exists); the demo's is unknown (None, noted) unless the law depends on demos."""
+    point = (
+        (chosen.n_envs, chosen.n_objects_per_env, chosen.demos_per_pair or math.nan)
+        if chosen is not None
+        else (have["n_envs"], have["n_objects_per_env"], have["demos_per_pair"] or math.nan)
+    )
+    marginal_env, marginal_demo, marginal_at = _marginal_values(fit, point, *unit_costs)
+    if fit.method != "joint":
+        notes.append(
+            "the law does not depend on demos per pair: the value of one more demo per pair is unknown"
+        )
+        marginal_demo = None
+    return marginal_env, marginal_demo, marginal_at
+
+
+def _plan_fields(chosen: Plan | None, unit_costs: tuple[float, float, float]) -> dict[str, Any]:
+    """The recommended plan's numbers, flat, for BudgetRecommendation (none without a plan)."""
+    if chosen is None:
+        return {}
+    cost_env, cost_object, cost_demo = unit_costs
+    return {
+        "n_envs": chosen.n_envs,
+        "n_objects_per_env": chosen.n_objects_per_env,
+        "demos_per_pair": None if chosen.demos_per_pair is None else int(chosen.demos_per_pair),
+        "n_pairs": chosen.n_pairs,
+        "total_demos": chosen.total_demos,
+        "expected_score": chosen.expected_score,
+        "score_interval": chosen.score_interval,
+        "probability": chosen.probability,
+        "total_cost": chosen.total_cost,
+        "cost_breakdown": {
+            "environments": cost_env * chosen.n_envs,
+            "objects": cost_object * chosen.n_pairs,
+            "demos": cost_demo * (chosen.total_demos or 0),
+        },
+        "added_cost": chosen.added_cost,
+    }
 
 
 def _candidate_plans(

@@ -501,6 +501,88 @@ def fit_law(
     if not 0 < confidence < 1:
         raise ValueError(f"confidence must lie in (0, 1), got {confidence}")
     results = as_results_table(table, rollouts)
+    data = _fit_data(results, axis, method, where)
+    estimate = _point_estimate(method, data, loss, f_scale)
+    draws, replicas = _bootstrap_draws(method, data, estimate, results, bootstrap, n_bootstrap, seed)
+    names = estimate.names
+    boot_ci = _bootstrap_intervals(INTERVAL_KIND[method], draws, estimate.point, names, confidence)
+    params = {name: float(v) for name, v in zip(names, estimate.point, strict=True)}
+    if method == "loglog":
+        bse, conf_int = _ols_uncertainty(estimate.ols, params["beta"], confidence)
+    else:
+        bse = {name: float(v) for name, v in zip(names, draws.std(axis=0, ddof=1), strict=True)}
+        conf_int = boot_ci
+
+    # Goodness of fit, on the log gap.
+    x, d, y, n = data.x, data.d, data.y, len(data.y)
+    residuals = y - estimate.fitted
+    ssr = float(residuals @ residuals)
+    r_squared = 1.0 - ssr / float(((y - y.mean()) ** 2).sum()) if np.ptp(y) > 0 else float("nan")
+    aic, aicc, bic = _information(ssr, n, len(names))
+    pearson = float(np.corrcoef(np.log(x), y)[0, 1]) if method == "loglog" and np.ptp(y) > 0 else None
+    loo = float("nan")
+    if leave_one_out:
+        loo = _leave_one_out(
+            method, estimate.model, x, d, y, data.keys, estimate.point, estimate.loss, estimate.scale
+        )
+
+    return LawFit(
+        method=method,
+        axis=axis,
+        params=params,
+        bse=bse,
+        conf_int=conf_int,
+        bootstrap_conf_int=boot_ci,
+        confidence=confidence,
+        n_points=n,
+        n_design_points=data.n_design,
+        r=pearson,
+        r_squared=float(r_squared),
+        rmse_log=math.sqrt(ssr / n),
+        aic=aic,
+        aicc=aicc,
+        bic=bic,
+        loo_rmse=loo,
+        x=x,
+        demos=d,
+        score=data.score,
+        gap=data.gap,
+        adjusted=data.adjusted,
+        n_rollouts=data.counts,
+        bootstrap_params=draws,
+        bootstrap_mode=replicas.mode,
+        bootstrap_description=replicas.description,
+        seed=seed,
+        held=data.held,
+        notes=tuple(data.notes),
+        loss=estimate.loss,
+        f_scale=estimate.scale,
+        ols=estimate.ols,
+        design={c: tuple(float(v) for v in np.unique(data.rows[c])) for c in AXES if c in data.rows},
+    )
+
+
+@dataclass
+class _FitData:
+    """The trials a law is fitted to: their axis values, scores and log gaps, and notes about them."""
+
+    rows: pd.DataFrame
+    held: dict[str, float]
+    notes: list[str]
+    x: np.ndarray
+    d: np.ndarray | None  # demos per pair (joint law only)
+    score: np.ndarray
+    counts: np.ndarray | None  # rollouts per trial, where known
+    gap: np.ndarray
+    adjusted: np.ndarray
+    y: np.ndarray  # log gap
+    keys: np.ndarray  # design point of each trial
+    n_design: int
+
+
+def _fit_data(results: ResultsTable, axis: str, method: str, where: dict[str, float] | None) -> _FitData:
+    """Select the trials (other factors held at one value), check there are enough design points, and
+    take their gaps (0/1 rule applied)."""
     rows, held, notes = _prepare(results, axis, method, where)
     x = rows[axis].to_numpy(float)
     d = rows["demos_per_pair"].to_numpy(float) if method == "joint" else None
@@ -517,144 +599,120 @@ def fit_law(
         raise ResultsError(
             f"{results.source}: the joint law needs at least 7 (x, d) design points, found {n_design}"
         )
-
     score = rows["score"].to_numpy(float)
     all_counts = results.n_rollouts()
     counts = None if all_counts is None else all_counts[rows.index.to_numpy()]
     gap, adjusted = adjusted_gap(score, counts)
-    y = np.log(gap)
-    n = len(y)
-    if n > n_design:
+    if len(gap) > n_design:
         notes.append(
-            f"fitted on all {n} trials ({n_design} design points, several trials each), not on means"
+            f"fitted on all {len(gap)} trials ({n_design} design points, several trials each), not on means"
         )
     if adjusted.any() and counts is None:
         notes.append("n_rollouts unknown: the 0/1 rule assumed 40 rollouts per trial")
+    return _FitData(rows, held, notes, x, d, score, counts, gap, adjusted, np.log(gap), keys, n_design)
 
-    # -- point estimate -------------------------------------------------------------------------
-    lx = np.log(x)
-    linear_design = np.column_stack([np.ones(n), lx] + ([np.log(d)] if d is not None else []))
-    linear_residuals = y - linear_design @ np.linalg.lstsq(linear_design, y, rcond=None)[0]
-    ols = None
+
+@dataclass
+class _Estimate:
+    """A law's point estimate and how it was made."""
+
+    names: tuple[str, ...]
+    point: np.ndarray
+    fitted: np.ndarray  # fitted log gap of each trial
+    linear_design: np.ndarray  # [1, log x (, log d)]: the OLS design, also for the loglog bootstrap
+    model: LawModel | None = None  # None for the loglog OLS
+    loss: str | None = None
+    scale: float | None = None
+    ols: Any = None  # statsmodels results of the loglog fit
+
+
+def _point_estimate(method: str, data: _FitData, loss: str | None, f_scale: float | None) -> _Estimate:
+    """The loglog OLS, or the robust nonlinear fit of the saturating or joint law (noting parameters
+    that end at their bounds)."""
+    x, d, y = data.x, data.d, data.y
+    linear_design = np.column_stack([np.ones(len(y)), np.log(x)] + ([np.log(d)] if d is not None else []))
     if method == "loglog":
         from statsmodels.regression.linear_model import OLS
 
         ols = OLS(y, linear_design).fit()
         point = np.array([ols.params[1], math.exp(ols.params[0])])
-        names: tuple[str, ...] = ("alpha", "beta")
-        model, loss_used, scale = None, None, None
-        fitted = ols.fittedvalues
-    else:
-        model = SATURATING if method == "saturating" else JOINT
-        names = model.param_names
-        loss_used = loss or ("soft_l1" if method == "saturating" else "huber")
-        scale = float(f_scale) if f_scale is not None else 1.345 * _robust_scale(linear_residuals)
-        starts = _saturating_starts(x, y) if method == "saturating" else _joint_starts(x, d, y)
-        point = _fit_nonlinear(model, x, d, y, starts, loss_used, scale)
-        fitted = model.log_gap_and_jacobian(point[None], x, d)[0][0]
-        if method == "saturating" and point[2] >= -1e-6:
-            notes.append(
-                "alpha hit its bound 0: the gap does not fall with x here; E and beta are not identified"
-            )
-        if point[0] <= 1e-6:
-            notes.append("E = 0 (its bound): no floor is detected in these data")
-        if method == "joint":
-            for index, name in ((2, "a"), (4, "b")):
-                if point[index] >= model.upper[index] - 1e-6:
-                    term = "x" if name == "a" else "d"
-                    notes.append(
-                        f"{name} hit its bound {model.upper[index]:g}: the {term} term acts as a step and is "
-                        "poorly determined by these data (see its interval)"
-                    )
+        return _Estimate(("alpha", "beta"), point, ols.fittedvalues, linear_design, ols=ols)
+    model = SATURATING if method == "saturating" else JOINT
+    linear_residuals = y - linear_design @ np.linalg.lstsq(linear_design, y, rcond=None)[0]
+    loss_used = loss or ("soft_l1" if method == "saturating" else "huber")
+    scale = float(f_scale) if f_scale is not None else 1.345 * _robust_scale(linear_residuals)
+    starts = _saturating_starts(x, y) if method == "saturating" else _joint_starts(x, d, y)
+    point = _fit_nonlinear(model, x, d, y, starts, loss_used, scale)
+    fitted = model.log_gap_and_jacobian(point[None], x, d)[0][0]
+    if method == "saturating" and point[2] >= -1e-6:
+        data.notes.append(
+            "alpha hit its bound 0: the gap does not fall with x here; E and beta are not identified"
+        )
+    if point[0] <= 1e-6:
+        data.notes.append("E = 0 (its bound): no floor is detected in these data")
+    if method == "joint":
+        for index, name in ((2, "a"), (4, "b")):
+            if point[index] >= model.upper[index] - 1e-6:
+                term = "x" if name == "a" else "d"
+                data.notes.append(
+                    f"{name} hit its bound {model.upper[index]:g}: the {term} term acts as a step and is "
+                    "poorly determined by these data (see its interval)"
+                )
+    return _Estimate(model.param_names, point, fitted, linear_design, model, loss_used, scale)
 
-    # -- bootstrap ------------------------------------------------------------------------------
-    has_rollout_info = results.has_rollout_outcomes() or counts is not None
-    mode = resolve_mode(bootstrap, has_rollout_info, n > n_design)
+
+def _bootstrap_draws(
+    method: str,
+    data: _FitData,
+    estimate: _Estimate,
+    results: ResultsTable,
+    bootstrap: str,
+    n_bootstrap: int,
+    seed: int,
+) -> tuple[np.ndarray, Any]:
+    """Parameter draws refitted on bootstrap replicates (rollouts, trials or residuals; failed
+    replicates dropped with a note), and the replicates' description."""
+    n = len(data.y)
+    has_rollout_info = results.has_rollout_outcomes() or data.counts is not None
+    mode = resolve_mode(bootstrap, has_rollout_info, n > data.n_design)
     replicas = resample_scores(
-        score,
-        keys,
+        data.score,
+        data.keys,
         mode,
         n_bootstrap,
         seed,
         rollouts=results.rollouts,
-        trial_ids=rows["trial_id"].to_numpy(),
-        n_rollouts=counts,
+        trial_ids=data.rows["trial_id"].to_numpy(),
+        n_rollouts=data.counts,
     )
     if replicas.scores is None:
         rng = np.random.default_rng(seed)
-        centred = (y - fitted) - np.mean(y - fitted)
-        targets = fitted[None, :] + centred[rng.integers(0, n, size=(n_bootstrap, n))]
+        centred = (data.y - estimate.fitted) - np.mean(data.y - estimate.fitted)
+        targets = estimate.fitted[None, :] + centred[rng.integers(0, n, size=(n_bootstrap, n))]
     else:
-        targets = np.log(adjusted_gap(replicas.scores, counts)[0])
+        targets = np.log(adjusted_gap(replicas.scores, data.counts)[0])
     if method == "loglog":
-        coefficients = _ols_coefficients(linear_design, targets)
+        coefficients = _ols_coefficients(estimate.linear_design, targets)
         draws = np.column_stack([coefficients[:, 1], np.exp(coefficients[:, 0])])
     else:
-        draws = batched_robust_lm(model, np.tile(point, (n_bootstrap, 1)), x, d, targets, loss_used, scale)
+        starts = np.tile(estimate.point, (n_bootstrap, 1))
+        draws = batched_robust_lm(
+            estimate.model, starts, data.x, data.d, targets, estimate.loss, estimate.scale
+        )
     finite = np.isfinite(draws).all(axis=1)
     if not finite.all():
-        notes.append(f"{int((~finite).sum())} bootstrap replicate(s) failed and were dropped")
+        data.notes.append(f"{int((~finite).sum())} bootstrap replicate(s) failed and were dropped")
         draws = draws[finite]
-    boot_ci = _bootstrap_intervals(INTERVAL_KIND[method], draws, point, names, confidence)
+    return draws, replicas
 
-    # -- uncertainty summaries ------------------------------------------------------------------
-    params = {name: float(v) for name, v in zip(names, point, strict=True)}
-    if method == "loglog":
-        se_log_beta, se_alpha = (float(v) for v in ols.bse)
-        bse = {"alpha": se_alpha, "beta": params["beta"] * se_log_beta}
-        ci = ols.conf_int(alpha=1 - confidence)
-        conf_int = {
-            "alpha": (float(ci[1, 0]), float(ci[1, 1])),
-            "beta": (math.exp(ci[0, 0]), math.exp(ci[0, 1])),
-        }
-    else:
-        bse = {name: float(v) for name, v in zip(names, draws.std(axis=0, ddof=1), strict=True)}
-        conf_int = boot_ci
 
-    # -- goodness of fit ------------------------------------------------------------------------
-    residuals = y - fitted
-    ssr = float(residuals @ residuals)
-    r_squared = 1.0 - ssr / float(((y - y.mean()) ** 2).sum()) if np.ptp(y) > 0 else float("nan")
-    aic, aicc, bic = _information(ssr, n, len(names))
-    pearson = float(np.corrcoef(lx, y)[0, 1]) if method == "loglog" and np.ptp(y) > 0 else None
-    loo = float("nan")
-    if leave_one_out:
-        loo = _leave_one_out(method, model, x, d, y, keys, point, loss_used, scale)
-
-    return LawFit(
-        method=method,
-        axis=axis,
-        params=params,
-        bse=bse,
-        conf_int=conf_int,
-        bootstrap_conf_int=boot_ci,
-        confidence=confidence,
-        n_points=n,
-        n_design_points=n_design,
-        r=pearson,
-        r_squared=float(r_squared),
-        rmse_log=math.sqrt(ssr / n),
-        aic=aic,
-        aicc=aicc,
-        bic=bic,
-        loo_rmse=loo,
-        x=x,
-        demos=d,
-        score=score,
-        gap=gap,
-        adjusted=adjusted,
-        n_rollouts=counts,
-        bootstrap_params=draws,
-        bootstrap_mode=replicas.mode,
-        bootstrap_description=replicas.description,
-        seed=seed,
-        held=held,
-        notes=tuple(notes),
-        loss=loss_used,
-        f_scale=scale,
-        ols=ols,
-        design={c: tuple(float(v) for v in np.unique(rows[c])) for c in AXES if c in rows},
-    )
+def _ols_uncertainty(ols: Any, beta: float, confidence: float) -> tuple[dict[str, float], dict[str, tuple]]:
+    """Standard errors and intervals of the loglog law's alpha and beta from the OLS (beta = e^intercept)."""
+    se_log_beta, se_alpha = (float(v) for v in ols.bse)
+    ci = ols.conf_int(alpha=1 - confidence)
+    bse = {"alpha": se_alpha, "beta": beta * se_log_beta}
+    conf_int = {"alpha": (float(ci[1, 0]), float(ci[1, 1])), "beta": (math.exp(ci[0, 0]), math.exp(ci[0, 1]))}
+    return bse, conf_int
 
 
 def _leave_one_out(

@@ -90,6 +90,47 @@ def run_in_terminal(
     return process.wait(), b"".join(chunks).decode("utf-8", "replace")
 
 
+def _hold_writer_lock(location: str, held, release) -> None:
+    from demoscale.datasets import writer_lock
+
+    with writer_lock(location):
+        held.set()
+        release.wait(120)
+
+
+class LockHolder:
+    """Another (forked) process holding a store's writer lock from entering the block until
+    :meth:`release` or the end of the block; ``pid`` is that process's id."""
+
+    def __init__(self, location: str | os.PathLike[str]) -> None:
+        import multiprocessing
+
+        context = multiprocessing.get_context("fork")
+        self._held, self._release = context.Event(), context.Event()
+        self._process = context.Process(
+            target=_hold_writer_lock, args=(os.fspath(location), self._held, self._release)
+        )
+
+    def __enter__(self) -> LockHolder:
+        self._process.start()
+        self.pid = self._process.pid
+        assert self._held.wait(30), "the holding process never took the lock"
+        return self
+
+    def release(self) -> None:
+        self._release.set()
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.release()
+        self._process.join(30)
+
+
+@pytest.fixture()
+def lock_holder() -> type[LockHolder]:
+    """:class:`LockHolder`: ``with lock_holder(store) as holder:`` another process holds the lock."""
+    return LockHolder
+
+
 @pytest.fixture()
 def terminal():
     """:func:`run_in_terminal`, for tests of what commands show in an interactive terminal."""

@@ -102,3 +102,32 @@ def test_every_subpackage_is_packaged() -> None:
             relative = init.parent.relative_to(REPO_ROOT / folder).parts
             found.add(".".join((name, *relative)))
     assert found - listed == set(), f"add to [tool.setuptools] packages: {sorted(found - listed)}"
+
+
+def _episode_store_private_names() -> set[str]:
+    """Private attributes and methods of EpisodeStore (``_root``, ``_array``, ...)."""
+    tree = ast.parse((REPO_ROOT / "datasets" / "store.py").read_text())
+    store_class = next(n for n in tree.body if isinstance(n, ast.ClassDef) and n.name == "EpisodeStore")
+    names = set()
+    for node in ast.walk(store_class):
+        if isinstance(node, ast.FunctionDef):
+            names.add(node.name)
+        elif isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name) and node.value.id == "self":
+            names.add(node.attr)
+    return {name for name in names if name.startswith("_") and not name.startswith("__")}
+
+
+def test_nothing_outside_datasets_reaches_into_the_store() -> None:
+    """The store's internals (its zarr group ``_root`` above all) are used only inside datasets/;
+    everyone else, tests included, goes through the public API (derived arrays: write_derived)."""
+    private = _episode_store_private_names()
+    assert {"_root", "_array"} <= private
+    offenders = []
+    for path in sorted(REPO_ROOT.rglob("*.py")):
+        relative = path.relative_to(REPO_ROOT)
+        if relative.parts[0] in {"datasets", ".venv", ".pkgroot", "build"}:
+            continue
+        for node in ast.walk(ast.parse(path.read_text(), filename=str(path))):
+            if isinstance(node, ast.Attribute) and node.attr in private:
+                offenders.append(f"{relative}:{node.lineno} .{node.attr}")
+    assert not offenders, "use EpisodeStore's public API:\n" + "\n".join(offenders)

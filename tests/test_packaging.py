@@ -13,6 +13,7 @@ import re
 import shutil
 import subprocess
 import sys
+import sysconfig
 import tomllib
 from pathlib import Path
 
@@ -102,17 +103,16 @@ def test_bootstrap_installs_the_full_set() -> None:
     assert "full" in extras and "test" in extras, install
 
 
-@pytest.mark.slow
-def test_laws_extra_in_a_fresh_venv_runs_recommend_without_torch(
-    tmp_path: Path, demo_shaped_results: Path
-) -> None:
-    # Build from a copy of the working tree, so that the build leaves nothing in the checkout.
+def _wheel_and_fresh_venv(tmp_path: Path) -> tuple[Path, Path, dict[str, str]]:
+    """A wheel built from a copy of the working tree (the build leaves nothing in the checkout), a
+    fresh virtual environment, and the environment variables that run its commands (no PYTHONPATH:
+    only what is installed in it is importable)."""
     source = tmp_path / "source"
     shutil.copytree(
         REPO_ROOT,
         source,
         ignore=shutil.ignore_patterns(
-            ".git", ".venv", ".pkgroot", "__pycache__", "*.egg-info", "build", "dist"
+            ".git", ".venv", ".pkgroot", "__pycache__", "*.egg-info", "build", "dist", "demo_out", "runs"
         ),
     )
     wheels = tmp_path / "wheels"
@@ -138,6 +138,14 @@ def test_laws_extra_in_a_fresh_venv_runs_recommend_without_torch(
     subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True, timeout=300)
     env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "VIRTUAL_ENV")}
     env["PATH"] = f"{venv / 'bin'}{os.pathsep}{env.get('PATH', '')}"
+    return wheel, venv, env
+
+
+@pytest.mark.slow
+def test_laws_extra_in_a_fresh_venv_runs_recommend_without_torch(
+    tmp_path: Path, demo_shaped_results: Path
+) -> None:
+    wheel, venv, env = _wheel_and_fresh_venv(tmp_path)
     pip = subprocess.run(
         [str(venv / "bin" / "python"), "-m", "pip", "install", f"{wheel}[laws]"],
         capture_output=True,
@@ -179,3 +187,57 @@ def test_laws_extra_in_a_fresh_venv_runs_recommend_without_torch(
     # A command of the full install says what to install instead of a traceback.
     train = demoscale("train", "--help")
     assert train.returncode == 1 and "demoscale[full]" in train.stderr and "Traceback" not in train.stderr
+
+
+@pytest.mark.slow
+def test_a_wheel_install_runs_the_quick_demo_from_another_directory(tmp_path: Path) -> None:
+    """Not editable: the default configs come with the package (``demoscale.configs``), not from a
+    checkout. The fresh environment gets the third-party packages from this one through a path in a
+    .pth file (this environment's own editable demoscale is not activated that way)."""
+    wheel, venv, env = _wheel_and_fresh_venv(tmp_path)
+    python = str(venv / "bin" / "python")
+    pip = subprocess.run(
+        [python, "-m", "pip", "install", "--no-deps", str(wheel)],
+        capture_output=True,
+        text=True,
+        timeout=600,
+        env=env,
+    )
+    assert pip.returncode == 0, pip.stdout[-2000:] + pip.stderr[-2000:]
+    site = Path(
+        subprocess.check_output(
+            [python, "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"], text=True, env=env
+        ).strip()
+    )
+    (site / "shared_packages.pth").write_text(sysconfig.get_paths()["purelib"] + "\n")
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    where = subprocess.run(
+        [python, "-c", "import demoscale, demoscale.demo as d; print(demoscale.__file__); print(d.DEMO_CONFIG)"],
+        capture_output=True, text=True, timeout=120, env=env, cwd=elsewhere,
+    )  # fmt: skip
+    assert where.returncode == 0, where.stderr
+    package_file, demo_config = where.stdout.split()
+    assert Path(package_file).is_relative_to(venv) and Path(demo_config).is_relative_to(venv), where.stdout
+    out = elsewhere / "report"
+    demo = subprocess.run(
+        [str(venv / "bin" / "demoscale"), "demo", "--quick", "--out", str(out)],
+        capture_output=True, text=True, timeout=2400, env=env, cwd=elsewhere,
+    )  # fmt: skip
+    assert demo.returncode == 0, demo.stdout[-3000:] + demo.stderr[-3000:]
+    assert "demoscale demo finished" in demo.stdout
+    for name in ("report.md", "results.csv", "fit.json", "recommendation.json"):
+        assert (out / name).is_file(), f"{name} missing from the report folder"
+
+
+def test_every_default_config_is_package_data() -> None:
+    """A YAML under configs/ that no package-data pattern names would be missing from a wheel."""
+    patterns = tomllib.loads((REPO_ROOT / "pyproject.toml").read_text())["tool"]["setuptools"][
+        "package-data"
+    ]["demoscale.configs"]
+    configs = REPO_ROOT / "configs"
+    shipped = {path for pattern in patterns for path in configs.glob(pattern)}
+    missing = sorted(
+        str(path.relative_to(configs)) for path in configs.rglob("*.yaml") if path not in shipped
+    )
+    assert not missing, f"add to [tool.setuptools.package-data] 'demoscale.configs': {missing}"

@@ -15,21 +15,6 @@ from demoscale.eval.wholebody.pointcloud import sample_fixed
 from demoscale.eval.wholebody.tasks import make_fetch_shelf_env
 
 
-class HoldStill:
-    """A trivial whole-body policy for rollout benchmarks: base at rest, joints and grippers held
-    where they are (the 21-dim action read off ``proprio``)."""
-
-    def __init__(self, chunk: int = 8) -> None:
-        self.obs_offsets = {"proprio": [0]}
-        self.n_action_steps = chunk
-        self.action_dim = 21
-
-    def predict_action_batch(self, windows, seed=None) -> np.ndarray:
-        proprio = np.asarray(windows["proprio"])[:, -1]
-        action = np.concatenate([np.zeros((len(proprio), 3)), proprio[:, 3:]], axis=1)
-        return np.repeat(action[:, None], self.n_action_steps, axis=1)
-
-
 def _median_rate(work: Callable[[], None], count: int, repeats: int) -> float:
     rates = []
     for _ in range(repeats):

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 import zarr
 from demoscale.collect import IngestError, ingest_replay_buffer
-from demoscale.collect.cli import main as cli_main
+from demoscale.collect.ingest_cli import main as cli_main
 from demoscale.datasets import EpisodeStore
 from numcodecs import Blosc
 

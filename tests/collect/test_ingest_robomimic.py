@@ -9,7 +9,7 @@ import h5py
 import numpy as np
 import pytest
 from demoscale.collect import IngestError, ingest_robomimic
-from demoscale.collect.cli import main as cli_main
+from demoscale.collect.ingest_cli import main as cli_main
 from demoscale.datasets import EpisodeStore
 
 

@@ -5,7 +5,6 @@ Every test runs the real command (`python -m demoscale ingest ...`) in real proc
 
 from __future__ import annotations
 
-import multiprocessing
 import os
 import pickle
 import signal
@@ -19,7 +18,7 @@ import numpy as np
 import pytest
 import zarr
 from demoscale.collect.zarr_source import register_image_codecs
-from demoscale.datasets import EpisodeStore, writer_lock
+from demoscale.datasets import EpisodeStore
 
 
 def _ingest(*args: str, wait: bool = True, **kwargs):
@@ -93,23 +92,12 @@ def test_two_ingests_into_one_store_write_every_episode_once(tmp_path, sources, 
     assert sum(written) == 28  # what the two processes report adds up to what the store holds
 
 
-def _hold(store: str, held, release) -> None:
-    with writer_lock(store):
-        held.set()
-        release.wait(120)
-
-
-def test_ingest_waits_for_another_writer_and_times_out_clearly(tmp_path, sources) -> None:
+def test_ingest_waits_for_another_writer_and_times_out_clearly(tmp_path, sources, lock_holder) -> None:
     first, second, _, _ = sources
     store = tmp_path / "busy.zarr"
     assert _ingest("umi", str(first), "--store", str(store)).returncode == 0
     before = _files(store)
-    context = multiprocessing.get_context("fork")
-    held, release = context.Event(), context.Event()
-    holder = context.Process(target=_hold, args=(str(store), held, release))
-    holder.start()
-    try:
-        assert held.wait(30)
+    with lock_holder(store) as holder:
         timed_out = _ingest("umi", str(second), "--store", str(store), "--lock-timeout", "1")
         assert timed_out.returncode == 1
         assert (
@@ -123,13 +111,10 @@ def test_ingest_waits_for_another_writer_and_times_out_clearly(tmp_path, sources
         while "waiting" not in message and time.monotonic() < deadline:
             message += os.read(waiting.stderr.fileno(), 4096).decode()
         assert f"another writer holds the store (pid {holder.pid}" in message and "waiting" in message
-        release.set()
+        holder.release()
         out, err = waiting.communicate(timeout=600)
         assert waiting.returncode == 0, err
         assert "wrote 12 episodes" in out and "skipped 4" in out
-    finally:
-        release.set()
-        holder.join(30)
 
 
 @pytest.fixture(scope="module")
@@ -143,7 +128,7 @@ def healthy_zip(tmp_path_factory, make_umi_episode, umi_zip_fixture):
 def test_missing_low_dim_chunk_is_refused(tmp_path, healthy_zip) -> None:
     damaged = _rewrite_zip(healthy_zip, tmp_path / "dataset.zarr.zip", {"data/robot0_eef_pos/2.0": None})
     result = _ingest("umi", str(damaged), "--store", str(tmp_path / "store.zarr"))
-    assert result.returncode == 1
+    assert result.returncode == 2
     assert "key 'robot0_eef_pos': chunk data/robot0_eef_pos/2.0 (episode 2, frames 20:30) is missing" in (
         result.stderr
     )
@@ -159,14 +144,14 @@ def test_corrupt_late_frame_leaves_the_store_as_it_was(tmp_path, sources, health
     frame = (zipfile.ZipFile(healthy_zip).read("data/camera0_rgb/35.0.0.0"))[:60]  # a cut JPEG-XL file
     damaged = _rewrite_zip(healthy_zip, tmp_path / "dataset.zarr.zip", {"data/camera0_rgb/35.0.0.0": frame})
     result = _ingest("umi", str(damaged), "--store", str(store))
-    assert result.returncode == 1
+    assert result.returncode == 2
     assert (
         "camera0_rgb" in result.stderr and "episode 3" in result.stderr and "Traceback" not in result.stderr
     )
     assert _files(store) == before
     # Into a store that did not exist: no store is left behind.
     result = _ingest("umi", str(damaged), "--store", str(tmp_path / "fresh.zarr"), "--image-codec", codec)
-    assert result.returncode == 1 and not (tmp_path / "fresh.zarr").exists()
+    assert result.returncode == 2 and not (tmp_path / "fresh.zarr").exists()
 
 
 def _session(root: Path, truncate_second: bool) -> Path:
@@ -213,7 +198,7 @@ def test_video_shorter_than_its_plan_leaves_the_store_as_it_was(tmp_path, source
         result = _ingest(
             "umi-session", str(session), "--store", str(target), "--resolution", "32", "--workers", "2"
         )
-        assert result.returncode == 1
+        assert result.returncode == 2
         assert "video ends at frame" in result.stderr and "Traceback" not in result.stderr
     assert _files(store) == before and not (tmp_path / "fresh.zarr").exists()
     # The same session with a whole video goes in (the plan itself was fine).
@@ -289,7 +274,7 @@ def test_hostile_session_plan_is_refused_without_running_it(tmp_path) -> None:
     ]
     (session / "dataset_plan.pkl").write_bytes(pickle.dumps(plan))
     result = _ingest("umi-session", str(session), "--store", str(tmp_path / "store.zarr"))
-    assert result.returncode == 1
+    assert result.returncode == 2
     assert "names io.open" in result.stderr and "--trust-pickle" in result.stderr
     assert "Traceback" not in result.stderr
     assert not marker.exists() and not (tmp_path / "store.zarr").exists()
@@ -305,5 +290,5 @@ def test_zero_step_robomimic_demo_is_a_message(tmp_path) -> None:
             group.create_dataset("actions", data=np.zeros((steps, 7)))
             group.create_dataset("obs/robot0_eef_pos", data=np.zeros((steps, 3)))
     result = _ingest("robomimic", str(path), "--store", str(tmp_path / "store.zarr"))
-    assert result.returncode == 1
+    assert result.returncode == 2
     assert "episode demo_1: 0 steps" in result.stderr and "Traceback" not in result.stderr

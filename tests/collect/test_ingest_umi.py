@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 import zarr
 from demoscale.collect import IngestError, ingest_umi, write_umi_zip
-from demoscale.collect.cli import main as cli_main
+from demoscale.collect.ingest_cli import main as cli_main
 from demoscale.collect.zarr_source import register_image_codecs
 from demoscale.datasets import EpisodeStore
 

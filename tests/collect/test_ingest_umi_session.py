@@ -8,7 +8,7 @@ import cv2
 import numpy as np
 import pytest
 from demoscale.collect import IngestError, ingest_umi_session
-from demoscale.collect.cli import main as cli_main
+from demoscale.collect.ingest_cli import main as cli_main
 from demoscale.datasets import EpisodeStore
 
 HEIGHT, WIDTH, RESOLUTION = 48, 64, 32

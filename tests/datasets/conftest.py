@@ -9,6 +9,7 @@ from types import SimpleNamespace
 
 import numpy as np
 import pytest
+import zarr
 from demoscale.datasets import EpisodeStore, FeatureSpec
 
 IMAGE_SHAPE = (32, 40, 3)
@@ -77,6 +78,11 @@ def append_synthetic(
     )
 
 
+def raw_group(path: str | Path) -> zarr.Group:
+    """A store's zarr group opened with zarr itself, to damage or inspect it as another program would."""
+    return zarr.open_group(str(path), mode="r+")
+
+
 def snapshot(path: Path) -> dict[str, bytes]:
     """Every file of a store directory with its contents, to show an operation changed nothing."""
     return {str(p.relative_to(path)): p.read_bytes() for p in sorted(path.rglob("*")) if p.is_file()}
@@ -110,5 +116,6 @@ def kit() -> SimpleNamespace:
         append=append_synthetic,
         digest=digest,
         snapshot=snapshot,
+        raw_group=raw_group,
         image_shape=IMAGE_SHAPE,
     )

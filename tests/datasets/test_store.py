@@ -226,9 +226,9 @@ def test_stats_match_numpy(small_store: EpisodeStore, kit) -> None:
     np.testing.assert_allclose(stats["p99"], np.percentile(all_pos, 99, axis=0))
     assert int(stats["count"]) == len(all_pos)
     # Cached in the store, and invalidated by an append.
-    assert EpisodeStore.open(small_store.location)._root.attrs["stats"]["robot0_eef_pos"]["n_frames"] == 45
+    assert kit.raw_group(small_store.location).attrs["stats"]["robot0_eef_pos"]["n_frames"] == 45
     EpisodeStore.open(small_store.location).stats("action")  # a reader of a writable directory caches too
-    assert EpisodeStore.open(small_store.location)._root.attrs["stats"]["action"]["n_frames"] == 45
+    assert kit.raw_group(small_store.location).attrs["stats"]["action"]["n_frames"] == 45
     kit.append(small_store, 6, 4, "3", "10")
     assert int(EpisodeStore.open(small_store.location, mode="a").stats("robot0_eef_pos")["count"]) == 49
     with pytest.raises(StoreError, match="image"):
@@ -236,11 +236,11 @@ def test_stats_match_numpy(small_store: EpisodeStore, kit) -> None:
 
 
 def test_streaming_stats_over_many_blocks(tmp_path: Path, monkeypatch) -> None:
-    from demoscale.datasets import store as store_module
+    from demoscale.datasets import statistics
 
     # Small blocks and the histogram path: the streaming code is what runs on large stores.
-    monkeypatch.setattr(store_module, "_STATS_BLOCK_FRAMES", 256)
-    monkeypatch.setattr(store_module, "_EXACT_PERCENTILE_MAX_VALUES", 10)
+    monkeypatch.setattr(statistics, "STATS_BLOCK_FRAMES", 256)
+    monkeypatch.setattr(statistics, "EXACT_PERCENTILE_MAX_VALUES", 10)
     features = {"x": FeatureSpec(kind="low_dim", shape=(2,), dtype="float64")}
     store = EpisodeStore.create(tmp_path / "s.zarr", features)
     rng = np.random.default_rng(1)
@@ -253,7 +253,7 @@ def test_streaming_stats_over_many_blocks(tmp_path: Path, monkeypatch) -> None:
     np.testing.assert_allclose(stats["mean"], values.mean(0), rtol=1e-10)
     np.testing.assert_allclose(stats["std"], values.std(0), rtol=1e-10)
     # A histogram percentile lies between the order statistics around its rank, give or take a bin.
-    width = (values.max(0) - values.min(0)) / store_module._HISTOGRAM_BINS
+    width = (values.max(0) - values.min(0)) / statistics.HISTOGRAM_BINS
     ordered = np.sort(values, axis=0)
     for name, q in (("p01", 0.01), ("p99", 0.99)):
         rank = q * (len(values) - 1)
@@ -261,9 +261,9 @@ def test_streaming_stats_over_many_blocks(tmp_path: Path, monkeypatch) -> None:
         assert np.all(stats[name] >= low - width) and np.all(stats[name] <= high + width), name
 
 
-def test_validate_reports_broken_invariants(small_store: EpisodeStore) -> None:
+def test_validate_reports_broken_invariants(small_store: EpisodeStore, kit) -> None:
     small_store.validate()
-    root = small_store._root
+    root = kit.raw_group(small_store.location)
     length = root["meta/length"]
     length[2] = 99
     with pytest.raises(StoreError, match=r"episode 2: meta/length is 99, episode_ends give 7"):
@@ -276,7 +276,7 @@ def test_validate_reports_broken_invariants(small_store: EpisodeStore) -> None:
 
 def test_uncommitted_tail_is_ignored(small_store: EpisodeStore, kit) -> None:
     # A writer killed after writing data but before episode_ends leaves longer data arrays.
-    root = small_store._root
+    root = kit.raw_group(small_store.location)
     for key in ("action", "robot0_eef_pos"):
         array = root[f"data/{key}"]
         array.resize((array.shape[0] + 5, *array.shape[1:]))
@@ -293,12 +293,21 @@ def test_uncommitted_tail_is_ignored(small_store: EpisodeStore, kit) -> None:
 
 
 def test_direct_shard_reads_match_zarr_and_survive_rewrites(small_store: EpisodeStore, kit) -> None:
-    reader = EpisodeStore.open(small_store.location)
-    via_zarr = [bytes(b) for b in reader._root["data/camera0_rgb"][0:45]]
+    from demoscale.datasets.shards import LocalShardReader
+
+    location = small_store.location
+    via_zarr = [bytes(b) for b in kit.raw_group(location)["data/camera0_rgb"][0:45]]
+    direct = LocalShardReader.for_array(location, "camera0_rgb", kit.raw_group(location)["data/camera0_rgb"])
+    assert direct is not None  # the layout the store writes is the one read directly
+    assert direct.read(np.arange(45)) == via_zarr
+    reader = EpisodeStore.open(location)
     assert reader.read_encoded("camera0_rgb", 0, 45) == via_zarr
-    assert reader._shard_readers["camera0_rgb"] is not None  # the direct path was taken
     # An append rewrites the (partly filled) shard file; the cached shard index must not go stale.
     kit.append(small_store, 6, 9, "0", "10")
+    assert direct.read(np.arange(45)) == via_zarr
+    assert direct.read(np.arange(45, 54)) == [
+        bytes(b) for b in kit.raw_group(location)["data/camera0_rgb"][45:54]
+    ]
     assert reader.read_encoded("camera0_rgb", 0, 45) == via_zarr
     np.testing.assert_array_equal(
         reader.read_frames("camera0_rgb", [44, 3]), small_store.read_frames("camera0_rgb", [44, 3])
@@ -316,3 +325,39 @@ def test_fsspec_memory_url_write_and_read(kit) -> None:
     assert reader.episode_ends.tolist() == [4, 7]
     np.testing.assert_array_equal(reader.episode(1)["action"], kit.make_episode(1, 3)["action"])
     reader.validate()
+
+
+def test_derived_arrays_are_written_read_and_go_stale(small_store: EpisodeStore, kit) -> None:
+    values = np.arange(45, dtype=np.int64)[::-1].copy()
+    small_store.write_derived("reversed_index", values, {"made_by": "test"})
+    reader = EpisodeStore.open(small_store.location)
+    derived = reader.read_derived("reversed_index")
+    np.testing.assert_array_equal(derived.values, values)
+    assert derived.attrs == {"made_by": "test"}
+    assert reader.read_derived("absent") is None
+    reader.validate(deep=True)  # a derived array is not a feature: validate leaves it alone
+    # Episodes appended after it was computed make it stale: it reads as absent, and a new one
+    # computed for the old frame count is refused.
+    kit.append(small_store, 6, 4, "0", "10")
+    assert EpisodeStore.open(small_store.location).read_derived("reversed_index") is None
+    with pytest.raises(StoreError, match="45 rows but the store has 49 committed frames"):
+        small_store.write_derived("reversed_index", values)
+    small_store.write_derived("reversed_index", np.zeros((49, 2), np.float32))  # replaces it
+    assert EpisodeStore.open(small_store.location).read_derived("reversed_index").values.shape == (49, 2)
+
+
+def test_derived_arrays_refuse_feature_keys_and_readers(small_store: EpisodeStore, kit) -> None:
+    with pytest.raises(StoreError, match="cannot be a derived array"):
+        small_store.write_derived("action", np.zeros(45))
+    with pytest.raises(StoreError, match="is a feature"):
+        small_store.read_derived("action")
+    with pytest.raises(StoreError, match="read-only"):
+        EpisodeStore.open(small_store.location).write_derived("x", np.zeros(45))
+
+
+def test_unfinished_derived_array_reads_as_absent(small_store: EpisodeStore, kit) -> None:
+    small_store.write_derived("labels", np.ones(45, np.int64))
+    # What a writer killed between creating the array and writing its values leaves behind.
+    array = kit.raw_group(small_store.location)["data/labels"]
+    array.attrs["derived_from_n_frames"] = None
+    assert EpisodeStore.open(small_store.location).read_derived("labels") is None

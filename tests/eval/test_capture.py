@@ -104,7 +104,7 @@ def test_eval_refuses_a_default_camera_that_differs_from_the_record(tmp_path) ->
 
 
 def test_stores_without_a_record_stay_readable_and_append_refuses_another_camera(tmp_path) -> None:
-    from demoscale.collect.ingest import IngestError
+    from demoscale.collect import IngestError
     from demoscale.collect.umi import ingest_umi
     from demoscale.datasets import FeatureSpec
     from demoscale.eval import collect_sim

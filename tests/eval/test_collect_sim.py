@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 import zarr
 from demoscale.eval import collect_sim
-from demoscale.eval.collect_cli import main as collect_main
+from demoscale.eval.collect_sim_cli import main as collect_main
 
 
 def test_collect_sim_writes_umi_zips_per_pair(tmp_path) -> None:

@@ -16,7 +16,7 @@ from demoscale.ray_jobs import (
     RESULT_COLUMNS,
     ClusterConnectionError,
     InfeasibleGridError,
-    ResultsTable,
+    ResultsFolder,
     SweepConfigError,
     load_sweep_config,
     plan_trials,
@@ -146,17 +146,17 @@ def test_results_table_lives_at_an_fsspec_url() -> None:
     # A cluster sweep writes its table to object storage; fsspec's in-memory filesystem is a real
     # non-local backend that runs here.
     url = f"memory://sweep-{uuid.uuid4().hex[:12]}/out"
-    table = ResultsTable(url)
+    table = ResultsFolder(url)
     table.add_trial(_row("a", 0.5), [])
     table.add_trial(_row("b", 0.25), [])
-    reopened = ResultsTable(url)
+    reopened = ResultsFolder(url)
     assert sorted(reopened.results()["trial_id"]) == ["a", "b"]
     fs, root = fsspec.core.url_to_fs(url)
     assert {Path(p).name for p in fs.ls(root, detail=False)} >= {"results.csv", "results.parquet"}
 
 
 def test_results_table_adds_replaces_and_never_duplicates(tmp_path: Path) -> None:
-    table = ResultsTable(str(tmp_path / "out"))
+    table = ResultsFolder(str(tmp_path / "out"))
     rollouts = [
         {
             "env_id": "1000",

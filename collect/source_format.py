@@ -1,0 +1,183 @@
+"""The contract of a source format, and the small toolkit its adapter uses.
+
+A source format (UMI zips, JoyLo HDF5, ...) is one adapter object satisfying :class:`SourceFormat`,
+registered by name in ``collect/formats.py``. The one driver (``collect/driver.py``) does the rest
+for every format alike: finding the source files, their env/object/task ids, validating every file
+before anything is written, skipping what the store already holds, loading in worker processes, one
+locked store transaction, progress, dry runs and the summary. An adapter only says how to
+
+- ``plan(path, ids, options, limit, progress)``: read and check one source file as a whole and
+  return its store features and one :class:`EpisodePlan` per episode (with a content hash and the
+  typed arguments that :meth:`load` needs), raising :class:`IngestError` on any problem;
+- ``load(episode, want_encoded)``: load one planned episode's arrays (in a worker process).
+
+``options`` is an instance of the format's ``options_type``, a frozen dataclass whose fields
+(declared with :func:`option`) become the format's command-line flags. ``collect/README.md``
+("Adding a source format") walks through writing one.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Iterable, Iterator, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Protocol, TypeVar
+
+import numpy as np
+
+if TYPE_CHECKING:
+    from demoscale.collect.sources import SourceIds
+    from demoscale.datasets import FeatureSpec
+
+# What ``load`` returns: the episode's arrays by store key, and image keys already encoded in the
+# store's codec (copied as they are), or None.
+LoadedEpisode = tuple[dict[str, np.ndarray], dict[str, list[bytes]] | None]
+Item = TypeVar("Item")
+
+
+class IngestError(Exception):
+    """A source cannot be ingested; the message names the file, key and episode."""
+
+
+class IngestLockTimeout(IngestError):
+    """Another process held the store's writer lock for longer than the ingest would wait: nothing
+    is wrong with the input, the run failed (exit 1, not 2)."""
+
+
+@dataclass(frozen=True)
+class EpisodePlan:
+    """One validated source episode, ready to be loaded and appended.
+
+    ``load_args`` is the format's own typed argument object for ``load`` (a frozen dataclass: it
+    travels to worker processes).
+    """
+
+    source: str
+    sha256: str
+    length: int
+    load_args: Any
+    ids: SourceIds
+    success: bool | None = None
+    tags: tuple[str, ...] = ()
+
+
+@dataclass
+class SourcePlan:
+    """What ``plan`` found in one source file: the store features its episodes need, and the episodes."""
+
+    features: dict[str, FeatureSpec]
+    episodes: list[EpisodePlan]
+
+
+@dataclass(frozen=True)
+class NoOptions:
+    """The options of a format that has none."""
+
+
+class SourceFormat(Protocol):
+    """A raw demonstration format the driver can ingest (see the module docstring).
+
+    An adapter may subclass this explicitly to take the defaults of the last three attributes.
+    """
+
+    name: str  # registry key and the `demoscale ingest NAME` subcommand
+    summary: str  # one line for `demoscale ingest --help`
+    src_help: str  # what SRC may be
+    patterns: tuple[str, ...]  # file names a source directory is searched for
+    what: str  # what one source is called in messages ("UMI dataset.zarr.zip")
+    options_type: type = NoOptions  # frozen dataclass of the format's settings (fields made with `option`)
+    default_image_codec: str = "jpeg"  # image codec of a store the ingest creates, unless one is asked for
+    copy_codec: str | None = None  # store codec whose frames `load` can hand over encoded (None: never)
+
+    def plan(self, path: Path, ids: SourceIds, options: Any, limit: int | None, progress: bool) -> SourcePlan:
+        """Validate one source file as a whole; at most ``limit`` episodes are needed (None: all)."""
+        ...
+
+    def load(self, episode: Any, want_encoded: bool) -> LoadedEpisode:
+        """Load one planned episode (its ``load_args``); runs in a worker process when workers > 1."""
+        ...
+
+
+def option(default: Any, help: str) -> Any:
+    """A field of a format's options dataclass; ``help`` is its command-line flag's help."""
+    return field(default=default, metadata={"help": help})
+
+
+def validating(items: Iterable[Item], path: Path, progress: bool, unit: str = "episode") -> Iterator[Item]:
+    """``items`` with a ``validate <file>`` progress bar when ``progress``."""
+    from tqdm import tqdm
+
+    items = list(items)
+    yield from tqdm(items, desc=f"validate {path.name}", unit=unit, disable=not progress or len(items) < 2)
+
+
+def open_hdf5(path: Path) -> Any:
+    """An HDF5 file opened for reading; IngestError for a truncated or non-HDF5 file."""
+    import h5py
+
+    try:
+        return h5py.File(path, "r")
+    except Exception as error:  # h5py raises OSError for truncated or non-HDF5 files
+        raise IngestError(f"{path}: not a readable HDF5 file (truncated or corrupt?): {error}") from error
+
+
+class ContentHash:
+    """sha256 over named arrays (name, dtype, shape and bytes) and raw byte strings, in call order."""
+
+    def __init__(self) -> None:
+        self._digest = hashlib.sha256()
+
+    def array(self, name: str, value: np.ndarray) -> None:
+        value = np.ascontiguousarray(value)
+        self._digest.update(f"{name}|{value.dtype.str}|{value.shape}|".encode())
+        self._digest.update(memoryview(value).cast("B") if value.size else b"")
+
+    def arrays(self, values: Mapping[str, np.ndarray]) -> ContentHash:
+        """Every array of ``values``, in key order; returns this hash."""
+        for name in sorted(values):
+            self.array(name, values[name])
+        return self
+
+    def raw(self, name: str, payload: bytes) -> None:
+        self._digest.update(f"{name}|raw|{len(payload)}|".encode())
+        self._digest.update(payload)
+
+    def hexdigest(self) -> str:
+        return self._digest.hexdigest()
+
+
+def check_finite(values: np.ndarray, where: str, key: str, episode_ends: np.ndarray | None = None) -> None:
+    """Raise IngestError naming the episode (and frame) of the first NaN or infinity in ``values``."""
+    if not np.issubdtype(values.dtype, np.floating):
+        return
+    bad = ~np.isfinite(values.reshape(len(values), -1)).all(axis=1) if values.ndim else ~np.isfinite(values)
+    if bad.any():
+        frame = int(np.flatnonzero(bad)[0])
+        if episode_ends is not None:
+            episode = int(np.searchsorted(episode_ends, frame, side="right"))
+            start = int(episode_ends[episode - 1]) if episode else 0
+            raise IngestError(
+                f"{where}: key {key!r}, episode {episode}: NaN or infinite value at frame {frame - start}"
+            )
+        raise IngestError(f"{where}: key {key!r}: NaN or infinite value at frame {frame}")
+
+
+def as_uint8_image(values: np.ndarray, where: str, key: str, episode: int | str) -> np.ndarray:
+    """Images stored as float 0..255 become uint8 exactly; anything else is an error."""
+    if values.dtype == np.uint8:
+        return values
+    if not np.issubdtype(values.dtype, np.floating) and not np.issubdtype(values.dtype, np.integer):
+        raise IngestError(
+            f"{where}: key {key!r}, episode {episode}: image dtype {values.dtype} is not numeric"
+        )
+    if np.issubdtype(values.dtype, np.floating):
+        check_finite(values, where, key)
+        if not np.array_equal(values, np.round(values)):
+            raise IngestError(f"{where}: key {key!r}, episode {episode}: image values are not integral")
+    low, high = values.min(initial=0), values.max(initial=0)
+    if low < 0 or high > 255:
+        raise IngestError(
+            f"{where}: key {key!r}, episode {episode}: image values span [{low}, {high}], not 0..255"
+        )
+    return values.astype(np.uint8)
