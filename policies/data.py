@@ -16,16 +16,29 @@ from typing import Any
 import numpy as np
 from demoscale.datasets import EpisodeDataModule
 from demoscale.datasets.sampler import DEFAULT_PRELOAD_BYTES
-from torch.utils.data import DataLoader, Sampler
+from torch.utils.data import DataLoader, DistributedSampler
 
 
-class ResumableShuffleSampler(Sampler[int]):
-    """The (seed, epoch) permutation of ``range(n)``; ``skip_next(k)`` drops its first k indices once."""
+class ResumableShuffleSampler(DistributedSampler):
+    """This rank's share of the (seed, epoch) permutation of ``range(n)``; ``skip_next(k)`` drops the
+    first k indices of that share once.
 
-    def __init__(self, n: int, seed: int = 0) -> None:
+    The permutation is the same on every rank; rank ``r`` of ``world_size`` takes its entries
+    ``r, r + W, r + 2W, ...`` (the tail that does not fill every rank is dropped), so batch ``k`` of the
+    W ranks together holds exactly batch ``k`` of a single process with a W times larger batch. It is
+    a ``DistributedSampler`` so Lightning uses it as it is under DDP instead of wrapping it (a wrapper
+    would re-split an already skipped list and break an exact resume).
+    """
+
+    def __init__(self, n: int, seed: int = 0, rank: int = 0, world_size: int = 1) -> None:
+        if not 0 <= rank < world_size:
+            raise ValueError(f"rank {rank} is not one of {world_size} ranks")
+        super().__init__(range(int(n)), num_replicas=int(world_size), rank=int(rank), shuffle=False)
         self.n = int(n)
         self.seed = int(seed)
         self.epoch = 0
+        self.num_samples = self.n // self.num_replicas
+        self.total_size = self.num_samples * self.num_replicas
         self._skip = 0
 
     def set_epoch(self, epoch: int) -> None:
@@ -36,11 +49,12 @@ class ResumableShuffleSampler(Sampler[int]):
 
     def __iter__(self) -> Iterator[int]:
         order = np.random.default_rng([self.seed, self.epoch]).permutation(self.n)
+        share = order[self.rank : self.total_size : self.num_replicas]
         start, self._skip = self._skip, 0
-        return iter(order[start:].tolist())
+        return iter(share[start:].tolist())
 
     def __len__(self) -> int:
-        return self.n
+        return self.num_samples
 
 
 class PolicyDataModule(EpisodeDataModule):
@@ -124,27 +138,28 @@ class PolicyDataModule(EpisodeDataModule):
     def train_dataloader(self) -> DataLoader:
         self.setup("fit")
         assert self.train_dataset is not None
-        if self.drop_last and len(self.train_dataset) < self.batch_size:
+        trainer: Any = self.trainer
+        rank, world_size = (trainer.global_rank, trainer.world_size) if trainer is not None else (0, 1)
+        sampler = ResumableShuffleSampler(len(self.train_dataset), self.seed, rank, world_size)
+        if self.drop_last and len(sampler) < self.batch_size:
             # Otherwise every epoch is empty and training "finishes" without a single step.
             raise ValueError(
                 f"the training split has {len(self.train_dataset)} windows, fewer than one batch of "
-                f"{self.batch_size}: use more episodes, a smaller data.batch_size, or data.drop_last=false"
+                f"{self.batch_size} on each of {world_size} rank(s): use more episodes, a smaller "
+                "data.batch_size, or data.drop_last=false"
             )
-        sampler = ResumableShuffleSampler(len(self.train_dataset), self.seed)
-        skip = self._batches_already_trained()
+        skip = self._batches_already_trained(len(sampler))
         if skip:
             sampler.skip_next(skip * self.batch_size)
         return self._loader(self.train_dataset, sampler, self.drop_last)
 
-    def _batches_already_trained(self) -> int:
+    def _batches_already_trained(self, windows_per_rank: int) -> int:
         """Batches of the current epoch a resumed loop has already consumed (0 on a fresh start)."""
         trainer: Any = self.trainer
         if trainer is None or getattr(trainer, "ckpt_path", None) is None:
             return 0
         processed = int(trainer.fit_loop.epoch_loop.batch_progress.current.processed)
         n_batches = (
-            len(self.train_dataset) // self.batch_size
-            if self.drop_last
-            else -(-len(self.train_dataset) // self.batch_size)
+            windows_per_rank // self.batch_size if self.drop_last else -(-windows_per_rank // self.batch_size)
         )
         return processed if 0 < processed < n_batches else 0

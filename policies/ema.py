@@ -61,12 +61,20 @@ class EMA(nn.Module):
     def update(self, model: nn.Module) -> None:
         self.n_updates += 1
         decay = self.decay(int(self.n_updates))
-        ema_params = [p for p in self.averaged.parameters()]
-        model_params = [p.detach() for p in model.parameters()]
+        ema_params = [_local(p) for p in self.averaged.parameters()]
+        model_params = [_local(p.detach()) for p in model.parameters()]
         if decay == 0.0:
             torch._foreach_copy_(ema_params, model_params)
         else:
             torch._foreach_lerp_(ema_params, model_params, 1.0 - decay)
         # Buffers (normalisation statistics, norm running stats) are copied, not averaged.
         for ema_buffer, buffer in zip(self.averaged.buffers(), model.buffers(), strict=True):
-            ema_buffer.copy_(buffer)
+            _local(ema_buffer).copy_(_local(buffer))
+
+
+def _local(tensor: torch.Tensor) -> torch.Tensor:
+    """This rank's shard of a tensor sharded by FSDP2 (a DTensor), else the tensor: the model and
+    its average are sharded alike, so averaging shard by shard is averaging the whole."""
+    from torch.distributed.tensor import DTensor
+
+    return tensor.to_local() if isinstance(tensor, DTensor) else tensor

@@ -216,21 +216,25 @@ class PolicyModule(L.LightningModule):
         mesh = getattr(self, "device_mesh", None)
         if mesh is None:
             return
-        from torch.distributed.fsdp import fully_shard
+        from torch.distributed.fsdp import fully_shard, register_fsdp_forward_method
 
-        # Shard each large child first (so their all-gathers overlap), then the root.
-        for child in self.policy.children():
-            if sum(p.numel() for p in child.parameters()) > 1_000_000:
-                fully_shard(child, mesh=mesh)
-        fully_shard(self.policy, mesh=mesh)
+        def shard(network: nn.Module) -> None:
+            # Each large child first (so their all-gathers overlap), then the root.
+            for child in network.children():
+                if sum(p.numel() for p in child.parameters()) > 1_000_000:
+                    fully_shard(child, mesh=mesh)
+            fully_shard(network, mesh=mesh)
+            # FSDP gathers the root's parameters around forward() only; the contract's entry points
+            # are these methods.
+            for method in ("compute_losses", "encode", "act_from_condition"):
+                register_fsdp_forward_method(network, method)
+
+        # The EMA copy (a deep copy made before sharding: a sharded module cannot be deep-copied) is
+        # sharded by the same plan, so each rank averages its own shards in place.
+        shard(self.policy)
+        if self.ema is not None:
+            shard(self.ema.averaged)
         self._sharded = True
-        if self.ema is not None:  # the average must have the same (sharded) parameters as the model
-            self.ema = EMA(
-                self.policy,
-                max_decay=self.ema_config.max_decay,
-                power=self.ema_config.power,
-                update_after=self.ema_config.update_after,
-            )
 
     @property
     def inference_policy(self) -> nn.Module:

@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 import os
-import sys
 import time
+import warnings
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -85,13 +85,12 @@ def train(
     from demoscale.policies.cli import make_cli
 
     start = time.perf_counter()
-    # The CLI reads only the given arguments, never the calling program's own command line.
-    saved_argv = sys.argv
-    sys.argv = sys.argv[:1]
-    try:
+    # The CLI reads only the given arguments, never the calling program's own command line. That
+    # command line must stay as it is, though: Lightning's DDP launcher starts the other ranks by
+    # running it again. Only the CLI's warning about having both is silenced.
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message="LightningCLI's args parameter is intended")
         cli = make_cli(train_args(config, overrides), run=True, callbacks=callbacks)
-    finally:
-        sys.argv = saved_argv
     trainer = cli.trainer
     _finish_trackers(trainer)
     checkpoint = trainer.checkpoint_callback
