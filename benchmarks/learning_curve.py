@@ -309,6 +309,36 @@ def anchors_reached(experiment: Experiment, rows: list[dict[str, Any]]) -> list[
     return out
 
 
+LAST_CHECKPOINTS = 3
+
+
+def over_checkpoints(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Per split and metric, the two aggregates the Diffusion Policy paper reports beside the final
+    checkpoint: the best checkpoint (value, step, training minutes) and the mean of the last
+    ``LAST_CHECKPOINTS`` evaluated checkpoints (the paper averages its last 10)."""
+    out = []
+    for split in dict.fromkeys(row["split"] for row in rows):
+        ordered = sorted((row for row in rows if row["split"] == split), key=lambda r: r["step"])
+        for metric in (
+            "success_rate",
+            *(k for k in ordered[0] if k.startswith("mean_") and f"{k}_ci_low" in ordered[0]),
+        ):
+            best = max(ordered, key=lambda r: r[metric])
+            last = [float(r[metric]) for r in ordered[-LAST_CHECKPOINTS:]]
+            out.append(
+                {
+                    "split": split,
+                    "metric": metric,
+                    "best": round(float(best[metric]), 4),
+                    "best_step": best["step"],
+                    "best_train_minutes": best["train_minutes"],
+                    "mean_of_last": round(sum(last) / len(last), 4),
+                    "last_checkpoints": len(last),
+                }
+            )
+    return out
+
+
 def _git_commit() -> str:
     try:
         commit = subprocess.run(
@@ -387,7 +417,8 @@ def write_readme(
         "![learning curve](curve.png)",
         "",
     ]
-    metric_keys = [k for k in rows[0] if k.startswith("mean_") and not k.endswith(("_ci_low", "_ci_high"))]
+    # Task metrics with an interval (a mean of rollouts' scores); plain means such as mean_steps stay in curve.csv.
+    metric_keys = [k for k in rows[0] if k.startswith("mean_") and f"{k}_ci_low" in rows[0]]
     header = [
         "step",
         "train min",
@@ -418,6 +449,16 @@ def write_readme(
                 else f"step {anchor['reached_at_step']} ({anchor['reached_at_train_minutes']:.1f} training min)"
             )
             lines.append(f"| {anchor['label']} ({anchor['metric']}) | {anchor['value']} | {when} |")
+    lines += ["", "| split | metric | final checkpoint | best checkpoint | mean of the last checkpoints |"]
+    lines += ["| --- | --- | --- | --- | --- |"]
+    finals = {(r["split_name"], r["metric"]): r["value"] for r in summary["headline"]}
+    for entry in summary["over_checkpoints"]:
+        final = finals.get((entry["split"], entry["metric"]))
+        lines.append(
+            f"| {entry['split']} | {entry['metric']} | {'' if final is None else f'{final:.3f}'} | "
+            f"{entry['best']:.3f} (step {entry['best_step']}, {entry['best_train_minutes']:.1f} min) | "
+            f"{entry['mean_of_last']:.3f} (last {entry['last_checkpoints']}) |"
+        )
     confidence = next((r.get("confidence") for r in rows if r.get("confidence")), None)
     if confidence:
         lines += [
@@ -473,6 +514,7 @@ def main(argv: list[str] | None = None) -> int:
         "overrides": experiment.overrides,
         "anchors": anchors_reached(experiment, rows),
         "headline": headline(experiment, rows),
+        "over_checkpoints": over_checkpoints(rows),
         "curve": rows,
     }
     (out / "summary.json").write_text(json.dumps(summary, indent=1, default=float) + "\n")
