@@ -32,6 +32,9 @@ class DiffusionConfig:
         angle_obs: low-dim observation entries that are angles in radians (key -> indices into the
             flattened feature, e.g. ``{"state": [4]}`` for PushT's block angle); each is fed to the
             encoder as (cos, sin) after the key's other entries, so a wrap from 2 pi to 0 is no jump.
+        obs_noise_std: standard deviation of Gaussian noise added to the normalised low-dim
+            observations while training (0: none); a regulariser for state policies trained on few
+            demonstrations. Never applied at inference or validation.
         obs_norm_mode: normalisation of low-dim observations (``min_max`` to [-1, 1] or ``mean_std``).
         action_norm_mode: normalisation of actions (``min_max`` or ``mean_std``).
         relative_stats_max_frames: frames sampled from the store to compute statistics of relative
@@ -62,6 +65,7 @@ class DiffusionConfig:
     relative_obs: bool = True
     obs_indices: dict[str, list[int]] = field(default_factory=dict)
     angle_obs: dict[str, list[int]] = field(default_factory=dict)
+    obs_noise_std: float = 0.0
     obs_norm_mode: Literal["min_max", "mean_std"] = "min_max"
     action_norm_mode: Literal["min_max", "mean_std"] = "min_max"
     relative_stats_max_frames: int = 20000
@@ -124,5 +128,7 @@ class DiffusionConfig:
         for key, indices in self.angle_obs.items():
             if key in self.obs_indices and not set(indices) <= set(self.obs_indices[key]):
                 raise ValueError(f"angle_obs[{key!r}] = {indices} names entries outside obs_indices[{key!r}]")
+        if self.obs_noise_std < 0.0:
+            raise ValueError(f"obs_noise_std {self.obs_noise_std} must be >= 0")
         if not 0.0 < self.image.crop_fraction <= 1.0:
             raise ValueError(f"image.crop_fraction {self.image.crop_fraction} must be in (0, 1]")

@@ -155,6 +155,8 @@ class DiffusionPolicy(PolicyNetworkBase):
             value = transformed[key]
             if key in self.low_dim_keys:
                 value = self.normalizer.normalize(key, value.float().flatten(2))
+                if self.training and self.config.obs_noise_std > 0.0:
+                    value = value + self.config.obs_noise_std * torch.randn_like(value)
             out[key] = value
         return out
 

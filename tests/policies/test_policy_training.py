@@ -268,3 +268,29 @@ def test_obs_indices_select_entries_of_a_low_dim_observation(tabletop_store):
         DiffusionConfig(
             obs_offsets={"state": [0]}, obs_indices={"state": [0, 1]}, angle_obs={"state": [4]}
         ).validate()
+
+
+def test_observation_noise_is_drawn_while_training_only(tabletop_store):
+    from demoscale.policies import DiffusionConfig, DiffusionPolicy
+    from demoscale.policies.diffusion.model import policy_statistics
+
+    store = EpisodeStore.open(tabletop_store)
+    config = DiffusionConfig(
+        obs_offsets={"robot0_eef_pos": [-1, 0]},
+        horizon=4,
+        n_action_steps=2,
+        down_dims=[8, 16],
+        obs_noise_std=0.05,
+    )
+    stats = policy_statistics(store, config)
+    policy = DiffusionPolicy(config, store.features, stats)
+    obs = {"robot0_eef_pos": torch.tensor([[[0.1, -0.1, 0.0], [0.12, -0.1, 0.01]]])}
+    clean = DiffusionPolicy(
+        DiffusionConfig(**{**config.__dict__, "obs_noise_std": 0.0}), store.features, stats
+    )
+    reference = clean.train().normalize_obs(obs)["robot0_eef_pos"]
+    first, second = (policy.train().normalize_obs(obs)["robot0_eef_pos"] for _ in range(2))
+    assert not torch.equal(first, second) and 0.005 < (first - reference).abs().mean() < 0.2
+    assert torch.equal(policy.eval().normalize_obs(obs)["robot0_eef_pos"], reference)
+    with pytest.raises(ValueError, match="obs_noise_std"):
+        DiffusionConfig(obs_offsets={"robot0_eef_pos": [0]}, obs_noise_std=-0.1).validate()
