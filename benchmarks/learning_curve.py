@@ -218,6 +218,8 @@ def evaluate_checkpoints(
                 )
                 result.rollouts.to_csv(out / "rollouts" / f"step{step}_{spec.label}.csv", index=False)
                 summary = {k: v for k, v in result.summary.items() if k not in ("env_ids", "object_ids")}
+                # The record names the checkpoint as the repository sees it, not as this machine does.
+                summary["policy"] = os.path.relpath(checkpoint, ROOT)
                 summary["eval_minutes"] = (time.perf_counter() - started) / 60
                 cached.write_text(json.dumps(summary, indent=1, default=float))
             row = {
@@ -345,7 +347,11 @@ def _git_commit() -> str:
             ["git", "rev-parse", "HEAD"], cwd=ROOT, capture_output=True, text=True, check=True
         ).stdout.strip()
         dirty = subprocess.run(
-            ["git", "status", "--porcelain"], cwd=ROOT, capture_output=True, text=True
+            # The record being written (and the runs folder) are not changes to the code that made it.
+            ["git", "status", "--porcelain", "--", ".", ":!docs/results", ":!runs"],
+            cwd=ROOT,
+            capture_output=True,
+            text=True,
         ).stdout
         return commit + (" (with uncommitted changes)" if dirty.strip() else "")
     except (OSError, subprocess.CalledProcessError):
@@ -485,6 +491,8 @@ def main(argv: list[str] | None = None) -> int:
     out.mkdir(parents=True, exist_ok=True)
     run_dir.mkdir(parents=True, exist_ok=True)
     load_before = os.getloadavg()
+    # Before evaluation, which runs its rollouts on one thread: the threads training had.
+    machine_at_start = machine()
     store = prepare_store(experiment)
     minutes = train(experiment, store, run_dir, args.resume)
     rows = evaluate_checkpoints(experiment, run_dir, out, minutes, args.eval_batch)
@@ -505,7 +513,7 @@ def main(argv: list[str] | None = None) -> int:
             ["python", "benchmarks/learning_curve.py", os.path.relpath(args.experiment, ROOT)]
         ),
         "commit": _git_commit(),
-        "machine": machine(),
+        "machine": machine_at_start,
         "load_average_before": load_before,
         "load_average_after": os.getloadavg(),
         "train_minutes": max(minutes.values()),
