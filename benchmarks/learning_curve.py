@@ -314,6 +314,12 @@ def anchors_reached(experiment: Experiment, rows: list[dict[str, Any]]) -> list[
 LAST_CHECKPOINTS = 3
 
 
+def interval_metrics(row: dict[str, Any]) -> list[str]:
+    """The task metrics of a curve row that have an interval (means of rollouts' scores, e.g.
+    mean_max_coverage); plain means such as mean_steps stay in curve.csv only."""
+    return [k for k in row if k.startswith("mean_") and f"{k}_ci_low" in row]
+
+
 def over_checkpoints(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """Per split and metric, the two aggregates the Diffusion Policy paper reports beside the final
     checkpoint: the best checkpoint (value, step, training minutes) and the mean of the last
@@ -321,10 +327,7 @@ def over_checkpoints(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
     out = []
     for split in dict.fromkeys(row["split"] for row in rows):
         ordered = sorted((row for row in rows if row["split"] == split), key=lambda r: r["step"])
-        for metric in (
-            "success_rate",
-            *(k for k in ordered[0] if k.startswith("mean_") and f"{k}_ci_low" in ordered[0]),
-        ):
+        for metric in ("success_rate", *interval_metrics(ordered[0])):
             best = max(ordered, key=lambda r: r[metric])
             last = [float(r[metric]) for r in ordered[-LAST_CHECKPOINTS:]]
             out.append(
@@ -423,8 +426,7 @@ def write_readme(
         "![learning curve](curve.png)",
         "",
     ]
-    # Task metrics with an interval (a mean of rollouts' scores); plain means such as mean_steps stay in curve.csv.
-    metric_keys = [k for k in rows[0] if k.startswith("mean_") and f"{k}_ci_low" in rows[0]]
+    metric_keys = interval_metrics(rows[0])
     header = [
         "step",
         "train min",

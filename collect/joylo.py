@@ -245,12 +245,11 @@ def joylo_features(
     return features
 
 
-def read_capture(path: str | os.PathLike) -> dict | None:
-    """The ``capture`` attribute of a JoyLo file (JSON: camera key -> what produced it), if any."""
+def read_capture(file, path: str | os.PathLike) -> dict | None:
+    """The ``capture`` attribute of an open JoyLo file (JSON: camera key -> what produced it), if any."""
     import json
 
-    with open_hdf5(Path(path)) as file:
-        text = file.attrs.get("capture")
+    text = file.attrs.get("capture")
     if text is None:
         return None
     try:
@@ -405,6 +404,7 @@ class JoyloFormat(SourceFormat):
         plans, first = [], None
         with open_hdf5(path) as file:
             rate_hz = float(file.attrs.get("record_freq", RECORD_RATE_HZ))
+            capture = read_capture(file, path)
             for group in validating(_episode_groups(file, path)[:limit], path, progress):
                 episode = "0" if group == "/" else group
                 arrays = read_joylo_episode(file[group], str(path), episode)
@@ -425,7 +425,7 @@ class JoyloFormat(SourceFormat):
             if key.endswith("_rgb") and not key.startswith("pointcloud_")
         }
         n_points = first["pointcloud_xyz"].shape[1] if "pointcloud_xyz" in first else None
-        return SourcePlan(joylo_features(n_points, cameras, rate_hz, read_capture(path)), plans)
+        return SourcePlan(joylo_features(n_points, cameras, rate_hz, capture), plans)
 
     def load(self, episode: JoyloEpisode, want_encoded: bool) -> LoadedEpisode:
         path = Path(episode.path)

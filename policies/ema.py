@@ -11,6 +11,13 @@ import copy
 import torch
 from torch import nn
 
+try:
+    from torch.distributed.tensor import DTensor
+except ImportError:  # a torch built without distributed support has no sharded tensors
+
+    class DTensor:  # type: ignore[no-redef]
+        pass
+
 
 class EMA(nn.Module):
     """Holds ``averaged``, an EMA copy of a model.
@@ -75,6 +82,4 @@ class EMA(nn.Module):
 def _local(tensor: torch.Tensor) -> torch.Tensor:
     """This rank's shard of a tensor sharded by FSDP2 (a DTensor), else the tensor: the model and
     its average are sharded alike, so averaging shard by shard is averaging the whole."""
-    from torch.distributed.tensor import DTensor
-
     return tensor.to_local() if isinstance(tensor, DTensor) else tensor
