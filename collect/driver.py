@@ -59,6 +59,8 @@ class IngestSummary:
     frames_written: int = 0
     frames_skipped: int = 0
     seconds: float = 0.0
+    plan_seconds: float = 0.0  # of ``seconds``: finding, reading and validating the sources
+    episodes_committed: int = 0  # of those written, visible in the store (all, once the run ends)
     dry_run: bool = False
     episode_indices: list[int] = field(default_factory=list)
     skipped_sources: list[str] = field(default_factory=list)
@@ -104,6 +106,7 @@ def ingest(
     dry_run: bool = False,
     progress: bool = True,
     lock_timeout: float | None = None,
+    commit_every: int | None = None,
 ) -> IngestSummary:
     """Ingest the sources at ``src`` (a file, or a directory searched for the format's patterns)
     into the episode store at ``store``; returns what was written (or, with ``dry_run``, would be).
@@ -115,7 +118,9 @@ def ingest(
     takes only the first episodes, in source order. ``image_codec`` is that of a store the ingest
     creates (default: the format's). ``workers`` processes load and encode episodes; the store's
     writer lock is waited for up to ``lock_timeout`` seconds. Raises :class:`IngestError` naming
-    file, key and episode, leaving the store as it was.
+    file, key and episode, leaving the store as it was; with ``commit_every=N`` the episodes are
+    committed N at a time instead, so a failed or killed run keeps its committed batches and a
+    rerun skips them (by content hash).
     """
     started = time.perf_counter()
     adapter = source_format(format) if isinstance(format, str) else format
@@ -131,7 +136,8 @@ def ingest(
         src, adapter.patterns, manifest=manifest, overrides=overrides, what=adapter.what
     )
     features, plans = plan_sources(adapter, sources, options, max_episodes, progress)
-    return write_plans(
+    planned = time.perf_counter()
+    summary = write_plans(
         store,
         features,
         plans,
@@ -143,7 +149,10 @@ def ingest(
         progress=progress,
         started=started,
         lock_timeout=lock_timeout,
+        commit_every=commit_every,
     )
+    summary.plan_seconds = planned - started
+    return summary
 
 
 def plan_sources(
@@ -322,6 +331,7 @@ def write_plans(
     progress: bool = True,
     started: float | None = None,
     lock_timeout: float | None = None,
+    commit_every: int | None = None,
 ) -> IngestSummary:
     """Append the planned episodes to the store, skipping those whose hash it already holds.
 
@@ -332,8 +342,12 @@ def write_plans(
     All or nothing: the whole run holds the store's writer lock (waiting up to ``lock_timeout``
     seconds for another writer) and is one store transaction, so an episode that fails only while
     it is loaded (a video shorter than its plan, a frame that does not decode) leaves an existing
-    store byte for byte as it was, and a store this run created is removed again.
+    store byte for byte as it was, and a store this run created is removed again. With
+    ``commit_every=N`` each N episodes are one transaction: a failure rolls back only the batch it
+    happens in (earlier batches stay committed; a rerun skips them by hash).
     """
+    if commit_every is not None and commit_every < 1:
+        raise IngestError(f"commit_every must be at least 1, got {commit_every}")
     from demoscale.datasets import StoreLockTimeout, store_exists, writer_lock
     from tqdm import tqdm
 
@@ -372,34 +386,39 @@ def write_plans(
             if existed:  # another writer may have created or changed the store since the checks above
                 _existing_store(location, features, image_codec)
             try:
-                _append_in_one_transaction(location, features, image_codec, loaded, summary, bar)
+                _append_in_transactions(location, features, image_codec, loaded, summary, bar, commit_every)
             except BaseException:
-                # The transaction is rolled back by now; a store this run created goes too (still
-                # under the lock, so no other writer has used it).
-                if not existed and store_exists(location):
+                # The open transaction is rolled back by now; a store this run created and committed
+                # nothing to goes too (still under the lock, so no other writer has used it).
+                if not existed and not summary.episodes_committed and store_exists(location):
                     _remove_store(location)
                 raise
     summary.seconds = time.perf_counter() - started
     return summary
 
 
-def _append_in_one_transaction(
+def _append_in_transactions(
     location: str,
     features: Mapping[str, Any],
     image_codec: str,
     loaded: Iterator[tuple[EpisodePlan, LoadedEpisode]],
     summary: IngestSummary,
     bar: Any,
+    commit_every: int | None = None,
 ) -> None:
-    """Append every loaded episode in one store transaction: all become visible at its end, or none."""
+    """Append every loaded episode in one store transaction (all become visible at its end, or
+    none), or in transactions of ``commit_every`` episodes."""
     from demoscale.datasets import EpisodeStore, StoreError
 
-    with ExitStack() as transaction:
-        store = None
+    store = None
+    transaction = ExitStack()
+    in_batch = 0
+    with transaction:
         for plan, (arrays, encoded) in loaded:
             try:
                 if store is None:
                     store = EpisodeStore.open_or_create(location, features, image_codec=image_codec)
+                if in_batch == 0:
                     transaction.enter_context(store.transaction())
                 index = store.append_episode(
                     arrays,
@@ -422,7 +441,13 @@ def _append_in_one_transaction(
                 summary.frames_written += plan.length
                 summary.episode_indices.append(int(index))
             bar.update(plan.length)
-        # Leaving this block commits the transaction: every episode becomes visible at once.
+            in_batch += 1
+            if commit_every is not None and in_batch >= commit_every:
+                transaction.close()  # commits this batch
+                summary.episodes_committed = summary.episodes_written
+                in_batch = 0
+        # Leaving this block commits the (last) transaction: its episodes become visible at once.
+    summary.episodes_committed = summary.episodes_written
 
 
 def _remove_store(location: str) -> None:

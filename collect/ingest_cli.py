@@ -54,6 +54,14 @@ def _add_common(parser: argparse.ArgumentParser, adapter: SourceFormat) -> None:
         default=None,
         help="seconds to wait while another process writes to the store (default 600)",
     )
+    parser.add_argument(
+        "--commit-every",
+        type=int,
+        default=None,
+        metavar="N",
+        help="commit every N episodes (a failed or killed run keeps its committed batches and a rerun "
+        "skips them); default: the whole run is one all-or-nothing commit",
+    )
     parser.add_argument("--dry-run", action="store_true", help="validate and report; do not touch the store")
     parser.add_argument("--no-progress", action="store_true", help="no progress bar")
     parser.add_argument("--json", action="store_true", help="print the summary as JSON")
@@ -86,7 +94,10 @@ def run(args: argparse.Namespace):
     options = adapter.options_type(
         **{option.name: getattr(args, option.name) for option in fields(adapter.options_type)}
     )
-    common = ("env_id", "object_id", "task", "operator", "manifest", "max_episodes", "image_codec", "workers")
+    common = (
+        "env_id", "object_id", "task", "operator", "manifest", "max_episodes", "image_codec", "workers",
+        "commit_every",
+    )  # fmt: skip
     return ingest(
         adapter,
         args.src,
@@ -105,6 +116,9 @@ def main(argv: list[str]) -> int:
     args = build_parser().parse_args(argv)
     if args.workers < 1:
         print("demoscale ingest: --workers must be at least 1", file=sys.stderr)
+        return 2
+    if args.commit_every is not None and args.commit_every < 1:
+        print("demoscale ingest: --commit-every must be at least 1", file=sys.stderr)
         return 2
     try:
         summary = run(args)

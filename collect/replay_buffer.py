@@ -15,7 +15,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 from demoscale.collect.driver import IngestSummary, ingest
 from demoscale.collect.source_format import (
     ContentHash,
@@ -29,7 +28,7 @@ from demoscale.collect.source_format import (
     validating,
 )
 from demoscale.collect.sources import SourceIds
-from demoscale.collect.zarr_source import episode_group, open_cached, read_checked
+from demoscale.collect.zarr_source import cached_frames, episode_group, read_checked
 
 DEFAULT_RATE_HZ = 10.0  # PushT and most diffusion_policy buffers are recorded at 10 Hz
 
@@ -68,6 +67,7 @@ class ReplayEpisode:
     start: int
     end: int
     images: tuple[str, ...]  # keys of image arrays: made uint8 on loading
+    keys: tuple[str, ...] = ()  # every data/ key
 
 
 class ReplayBufferFormat(SourceFormat):
@@ -103,13 +103,13 @@ class ReplayBufferFormat(SourceFormat):
                         digest.array(name, low_dim[name][start:end])
                         continue
                     try:
-                        frames = np.asarray(root[f"data/{name}"][start:end])
+                        frames = cached_frames(path, name).read(start, end)
                     except Exception as error:
                         raise IngestError(
                             f"{path}: key {name!r}, episode {episode}: cannot be read: {error}"
                         ) from error
                     digest.array(name, as_uint8_image(frames, str(path), name, episode))
-                load_args = ReplayEpisode(str(path), episode, start, end, images)
+                load_args = ReplayEpisode(str(path), episode, start, end, images, tuple(sorted(info.arrays)))
                 plans.append(
                     EpisodePlan(f"{path}#episode={episode}", digest.hexdigest(), end - start, load_args, ids)
                 )
@@ -117,10 +117,9 @@ class ReplayBufferFormat(SourceFormat):
 
     def load(self, episode: ReplayEpisode, want_encoded: bool) -> LoadedEpisode:
         """The episode's arrays: images as uint8, low-dim as stored."""
-        _, root = open_cached(episode.path)
         arrays = {}
-        for name in root["data"].array_keys():
-            values = np.asarray(root[f"data/{name}"][episode.start : episode.end])
+        for name in episode.keys:
+            values = cached_frames(episode.path, name).read(episode.start, episode.end)
             if name in episode.images:
                 values = as_uint8_image(values, episode.path, name, episode.episode)
             arrays[name] = values

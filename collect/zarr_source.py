@@ -296,3 +296,41 @@ def open_cached(path: str | os.PathLike) -> tuple[RawGroup, Any]:
         raw = RawGroup(path)
         _OPEN[key] = (raw, zarr.open_group(raw.zarr_store(), mode="r", zarr_format=2))
     return _OPEN[key]
+
+
+class ChunkedFrames:
+    """Frames of one source array, read whole chunks at a time with the last block kept.
+
+    Reading an episode's frames through zarr decompresses every chunk it touches; episodes shorter
+    than a chunk (PushT: ~125 frames in chunks of 100) would decompress each chunk two or three
+    times, and zarr's per-call overhead is paid once per episode and key. Read in episode order,
+    this decompresses every chunk about once.
+    """
+
+    def __init__(self, array: Any) -> None:
+        self.array = array
+        self.length = int(array.shape[0])
+        self.chunk = max(1, int(array.chunks[0]))
+        self._block: tuple[int, int, np.ndarray] | None = None
+
+    def read(self, start: int, stop: int) -> np.ndarray:
+        """Frames ``start:stop`` (a view into the cached block: copy before changing it)."""
+        block = self._block
+        if block is None or not (block[0] <= start and stop <= block[1]):
+            first = start // self.chunk * self.chunk
+            last = min(self.length, -(-stop // self.chunk) * self.chunk)
+            block = (first, last, np.asarray(self.array[first:last]))
+            self._block = block
+        return block[2][start - block[0] : stop - block[0]]
+
+
+_FRAMES: dict[str, ChunkedFrames] = {}
+
+
+def cached_frames(path: str | os.PathLike, key: str) -> ChunkedFrames:
+    """The :class:`ChunkedFrames` of ``data/<key>`` of the source at ``path``, one per process."""
+    cache_key = f"{os.getpid()}:{path}:{key}"
+    if cache_key not in _FRAMES:
+        _, root = open_cached(path)
+        _FRAMES[cache_key] = ChunkedFrames(root[f"data/{key}"])
+    return _FRAMES[cache_key]

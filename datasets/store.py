@@ -57,6 +57,7 @@ from demoscale.datasets.schema import (
 )
 from demoscale.datasets.shards import (
     LocalShardReader,
+    LocalShardWriter,
     TailJournal,
     create_by_rename,
     is_url,
@@ -103,12 +104,34 @@ class _Committed:
     notes: list[str] = field(default_factory=list)
 
 
+# A transaction buffers its episodes in memory and writes them together once this many bytes are
+# waiting (and at its end): each chunk and shard file near the end of the store is then written
+# once per batch instead of once per episode, so an append's cost does not grow with the episodes
+# already in the chunk (measured in benchmarks/ingest.py).
+DEFAULT_FLUSH_BYTES = 64 << 20
+
+
 @dataclass
 class _Staged:
-    """Episodes written by an open transaction but not yet committed."""
+    """Episodes of an open transaction: written (but not committed) or still buffered in memory."""
 
     ends: list[int] = field(default_factory=list)
     hashes: set[str] = field(default_factory=set)
+    flush_bytes: int = DEFAULT_FLUSH_BYTES
+    written_frames: int = 0  # frames of staged episodes already in the arrays (past the committed end)
+    written_episodes: int = 0
+    data: dict[str, list[np.ndarray]] = field(default_factory=dict)
+    rows: list[dict[str, Any]] = field(default_factory=list)
+    buffered_bytes: int = 0
+
+    def buffer(self, values: Mapping[str, np.ndarray], row: dict[str, Any]) -> None:
+        for key, value in values.items():
+            self.data.setdefault(key, []).append(value)
+            if value.dtype == object:
+                self.buffered_bytes += sum(len(blob) for blob in value)
+            else:
+                self.buffered_bytes += value.nbytes
+        self.rows.append(row)
 
 
 def _as_str(value: Any) -> str:
@@ -164,6 +187,7 @@ class EpisodeStore:
         self._stats_memory: dict[str, dict[str, Any]] = {}
         self._cleaned = False
         self._shard_readers: dict[str, LocalShardReader | None] = {}
+        self._shard_writers: dict[str, LocalShardWriter | None] = {}
         self._staged: _Staged | None = None
         self._refresh()
 
@@ -604,32 +628,85 @@ class EpisodeStore:
             return None
         # Encode before touching the store, so an encoder failure leaves it as it was.
         blobs = self._encoded_images(arrays, encoded, where)
-        self._clean_partial_files()
         n_episodes = self.n_episodes + (len(staged.ends) if staged is not None else 0)
         start = staged.ends[-1] if staged is not None and staged.ends else self.n_frames
         stop = start + length
-        writes = [
-            (
-                self._array(f"data/{key}"),
-                stop,
-                slice(start, stop),
-                blobs[key] if key in blobs else arrays[key],
-            )
-            for key in self.features
-        ]
+        if staged is not None:
+            staged.buffer({key: blobs[key] if key in blobs else arrays[key] for key in self.features}, row)
+            staged.ends.append(stop)
+            if digest:
+                staged.hashes.add(digest)
+            if staged.buffered_bytes >= staged.flush_bytes:
+                self._flush_staged()
+            return n_episodes
+        self._clean_partial_files()
+        writes = self._data_writes(
+            start, {key: blobs[key] if key in blobs else arrays[key] for key in self.features}
+        )
         writes += [
             (self._array(f"meta/{c}"), n_episodes + 1, slice(n_episodes, n_episodes + 1), [v])
             for c, v in row.items()
         ]
         resize_and_write_all(writes)
-        if staged is not None:
-            staged.ends.append(stop)
-            if digest:
-                staged.hashes.add(digest)
-            return n_episodes
         # Commit point, strictly after the writes above: one atomic chunk write of meta/episode_ends.
         self._commit_ends([stop], {digest} - {""})
         return n_episodes
+
+    def _data_writes(self, start: int, values: Mapping[str, Any]) -> list[tuple[zarr.Array, int, Any, Any]]:
+        """Write image frames (encoded) of a local store straight into its shard files, and return
+        the writes :func:`resize_and_write_all` still has to make (the others, and every resize)."""
+        writes: list[tuple[zarr.Array, int, Any, Any]] = []
+        for key, value in values.items():
+            array = self._array(f"data/{key}")
+            stop = start + len(value)
+            if self.features[key].kind == "image":
+                if key not in self._shard_writers:
+                    self._shard_writers[key] = LocalShardWriter.for_array(self.location, key, array)
+                writer = self._shard_writers[key]
+                if writer is not None:
+                    writer.write(start, [bytes(b) for b in value])
+                    writes.append((array, stop, None, None))
+                    continue
+                if isinstance(value, list):
+                    blob = np.empty(len(value), dtype=object)
+                    blob[:] = value
+                    value = blob
+            writes.append((array, stop, slice(start, stop), value))
+        return writes
+
+    def _flush_staged(self) -> None:
+        """Write the buffered episodes of the open transaction, all arrays at once (not committed)."""
+        staged = self._staged
+        if staged is None or not staged.rows:
+            return
+        self._clean_partial_files()
+        start = self.n_frames + staged.written_frames
+        first_episode = self.n_episodes + staged.written_episodes
+        stop = staged.ends[-1]
+        n_rows = len(staged.rows)
+        values: dict[str, Any] = {}
+        for key in self.features:
+            parts = staged.data[key]
+            if parts[0].dtype == object:
+                values[key] = [blob for part in parts for blob in part]
+            else:
+                values[key] = np.concatenate(parts)
+        writes = self._data_writes(start, values)
+        for column in staged.rows[0]:
+            writes.append(
+                (
+                    self._array(f"meta/{column}"),
+                    first_episode + n_rows,
+                    slice(first_episode, first_episode + n_rows),
+                    [row[column] for row in staged.rows],
+                )
+            )
+        resize_and_write_all(writes)
+        staged.written_frames = stop - self.n_frames
+        staged.written_episodes += n_rows
+        staged.data.clear()
+        staged.rows.clear()
+        staged.buffered_bytes = 0
 
     def _encoded_images(
         self, arrays: Mapping[str, np.ndarray], encoded: Mapping[str, Sequence[bytes]], where: str
@@ -682,11 +759,15 @@ class EpisodeStore:
             self._sources.update(hashes)
 
     @contextmanager
-    def transaction(self, lock_timeout: float | None = None) -> Iterator[EpisodeStore]:
+    def transaction(
+        self, lock_timeout: float | None = None, flush_bytes: int = DEFAULT_FLUSH_BYTES
+    ) -> Iterator[EpisodeStore]:
         """Append a batch all-or-nothing: ``with store.transaction(): store.append_episode(...)``.
 
-        Holds the writer lock for the whole block. Appended episodes stay invisible until the block
-        ends, then one commit makes all of them visible. If the block raises (or the commit fails),
+        Holds the writer lock for the whole block. Appended episodes are buffered in memory and
+        written together whenever ``flush_bytes`` of them wait (and at the end), so that the files at
+        the end of the store are rewritten once per batch, not once per episode; they stay
+        invisible until the block ends, then one commit makes all of them visible. If the block raises (or the commit fails),
         the store is rolled back: a local store byte for byte as it was (every file the batch could
         touch is kept in memory beforehand and put back), a remote one to its committed lengths. A
         process killed inside the block leaves the old episodes and an invisible uncommitted tail
@@ -700,9 +781,10 @@ class EpisodeStore:
             self._refresh()
             self._clean_partial_files()
             journal = self._journal()
-            self._staged = _Staged()
+            self._staged = _Staged(flush_bytes=max(0, int(flush_bytes)))
             try:
                 yield self
+                self._flush_staged()
                 staged = self._staged
                 if staged.ends:
                     self._commit_ends(staged.ends, staged.hashes)
@@ -744,6 +826,7 @@ class EpisodeStore:
                     array.resize((length, *array.shape[1:]))
         self._arrays.clear()
         self._shard_readers.clear()
+        self._shard_writers.clear()
         self._refresh()
 
     # ------------------------------------------------------------------ statistics

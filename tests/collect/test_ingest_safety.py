@@ -154,6 +154,28 @@ def test_corrupt_late_frame_leaves_the_store_as_it_was(tmp_path, sources, health
     assert result.returncode == 2 and not (tmp_path / "fresh.zarr").exists()
 
 
+def test_commit_every_keeps_the_batches_before_a_late_failure_and_a_rerun_skips_them(
+    tmp_path, healthy_zip
+) -> None:
+    """--commit-every 2: episode 3 fails while writing; the batch of episodes 0-1 stays committed, the
+    failing batch is rolled back, and the rerun on the repaired source writes only what is missing."""
+    store = tmp_path / "store.zarr"
+    frame = (zipfile.ZipFile(healthy_zip).read("data/camera0_rgb/35.0.0.0"))[:60]
+    damaged = _rewrite_zip(healthy_zip, tmp_path / "dataset.zarr.zip", {"data/camera0_rgb/35.0.0.0": frame})
+    result = _ingest("umi", str(damaged), "--store", str(store), "--commit-every", "2")
+    assert result.returncode == 2 and "episode 3" in result.stderr
+    kept = EpisodeStore.open(store)
+    kept.validate(deep=True)
+    assert kept.n_episodes == 2 and list(kept.episodes["length"]) == [10, 10]
+    result = _ingest("umi", str(healthy_zip), "--store", str(store), "--commit-every", "2")
+    assert result.returncode == 0 and "wrote 2 episodes" in result.stdout and "skipped 2" in result.stdout
+    arrays, _ = _zip_arrays(healthy_zip)
+    whole = EpisodeStore.open(store)
+    whole.validate(deep=True)
+    np.testing.assert_array_equal(whole.read("robot0_eef_pos", 0, 40), arrays["robot0_eef_pos"])
+    assert _ingest("umi", str(healthy_zip), "--store", str(store), "--commit-every", "0").returncode == 2
+
+
 def _session(root: Path, truncate_second: bool) -> Path:
     """A raw UMI session: 3 planned episodes, the last from a second video (MJPG in an AVI
     container, under the usual name). Truncated, that video still reports its 24 frames in the
