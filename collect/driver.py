@@ -64,6 +64,7 @@ class IngestSummary:
     dry_run: bool = False
     episode_indices: list[int] = field(default_factory=list)
     skipped_sources: list[str] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)  # from the formats: how the sources were read
 
     @property
     def frames_per_second(self) -> float:
@@ -81,6 +82,7 @@ class IngestSummary:
                 if not self.dry_run and self.frames_written
                 else ""
             )
+            + "".join(f"\nnote: {note}" for note in self.notes)
         )
 
     def skip(self, plan: EpisodePlan) -> None:
@@ -135,7 +137,8 @@ def ingest(
     sources = resolve_sources(
         src, adapter.patterns, manifest=manifest, overrides=overrides, what=adapter.what
     )
-    features, plans = plan_sources(adapter, sources, options, max_episodes, progress)
+    notes: list[str] = []
+    features, plans = plan_sources(adapter, sources, options, max_episodes, progress, notes)
     planned = time.perf_counter()
     summary = write_plans(
         store,
@@ -152,6 +155,7 @@ def ingest(
         commit_every=commit_every,
     )
     summary.plan_seconds = planned - started
+    summary.notes = notes
     return summary
 
 
@@ -161,9 +165,11 @@ def plan_sources(
     options: Any,
     max_episodes: int | None = None,
     progress: bool = False,
+    notes: list[str] | None = None,
 ) -> tuple[dict[str, Any], list[EpisodePlan]]:
     """Validate every source (up to ``max_episodes`` episodes in all); return the store features they
-    share and their episode plans. Sources whose keys, shapes, dtypes or rates differ are refused."""
+    share and their episode plans. Sources whose keys, shapes, dtypes or rates differ are refused.
+    The sources' notes are appended to ``notes`` (each once)."""
     from demoscale.datasets.schema import layout_differences
 
     features: dict[str, Any] | None = None
@@ -185,6 +191,8 @@ def plan_sources(
                 f"{_rates(features)} Hz); pass rate_hz (--rate-hz) where the format takes it"
             )
         plans.extend(planned.episodes[:remaining])
+        if notes is not None:
+            notes.extend(note for note in planned.notes if note not in notes)
     if features is None:
         raise IngestError(f"{sources[0][0] if sources else '?'}: no episodes to ingest")
     return features, plans

@@ -29,6 +29,10 @@ def _add_option(parser: argparse.ArgumentParser, option: Field, annotation: typi
         return
     if typing.get_origin(annotation) in (typing.Union, types.UnionType):  # ``float | None``
         annotation = next(arg for arg in typing.get_args(annotation) if arg is not type(None))
+    if typing.get_origin(annotation) is tuple:  # ``tuple[str, ...]``: one or more values
+        item = typing.get_args(annotation)[0]
+        parser.add_argument(flag, dest=option.name, type=item, nargs="+", default=default, help=help_)
+        return
     parser.add_argument(flag, dest=option.name, type=annotation, default=default, help=help_)
 
 
@@ -91,9 +95,9 @@ def build_parser() -> argparse.ArgumentParser:
 def run(args: argparse.Namespace):
     """Call the driver for the parsed arguments; returns its IngestSummary."""
     adapter = source_format(args.format)
-    options = adapter.options_type(
-        **{option.name: getattr(args, option.name) for option in fields(adapter.options_type)}
-    )
+    values = {option.name: getattr(args, option.name) for option in fields(adapter.options_type)}
+    # Several values of one flag arrive as a list; the options dataclass is frozen and keeps tuples.
+    options = adapter.options_type(**{k: tuple(v) if isinstance(v, list) else v for k, v in values.items()})
     common = (
         "env_id", "object_id", "task", "operator", "manifest", "max_episodes", "image_codec", "workers",
         "commit_every",

@@ -68,6 +68,8 @@ class SourcePlan:
 
     features: dict[str, FeatureSpec]
     episodes: list[EpisodePlan]
+    # What the run's summary tells the user about how this source is read (e.g. the video decoder).
+    notes: list[str] = field(default_factory=list)
 
 
 @dataclass(frozen=True)
