@@ -20,6 +20,7 @@ FORMATS: dict[str, str | SourceFormat] = {
     "joylo": "demoscale.collect.joylo:JOYLO",
     "robomimic": "demoscale.collect.robomimic:ROBOMIMIC",
     "replay-buffer": "demoscale.collect.replay_buffer:REPLAY_BUFFER",
+    "lerobot": "demoscale.collect.lerobot:LEROBOT",
 }
 
 
