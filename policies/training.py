@@ -36,8 +36,11 @@ class TrainResult:
 def _flag(key: str, value: Any) -> str:
     if isinstance(value, str):
         return f"--{key}={value}"
-    # YAML flow style parses back to the same structure (lists, dicts, numbers, null, booleans).
-    return f"--{key}={yaml.safe_dump(value, default_flow_style=True, width=1 << 30).strip()}"
+    # YAML flow style parses back to the same structure (lists, dicts, numbers, null, booleans). A
+    # scalar is dumped as a document with an end marker ("1\n...") that a string-typed option
+    # (trainer.devices is int | str | list) would keep as it is: drop the marker.
+    text = yaml.safe_dump(value, default_flow_style=True, width=1 << 30).strip()
+    return f"--{key}={text.removesuffix('...').strip()}"
 
 
 def train_args(

@@ -23,11 +23,27 @@ class SweepConfigError(ValueError):
 
 
 @dataclass
+class TrialResources:
+    """What one trial reserves on the Ray cluster: ``workers`` training workers of ``cpu`` CPUs and
+    ``gpu`` GPUs each. One worker (the default) trains in the trial's own process, and a GPU
+    fraction lets several trials share a GPU. With ``workers: N > 1`` the trial reserves one
+    placement group of N such bundles (all or nothing) and trains as N ranks of a DDP run, one
+    Ray actor per bundle (ray_jobs/workers.py); each rank then trains on one whole GPU (gpu 0 or 1)."""
+
+    cpu: float = 1.0
+    gpu: float = 0.0
+    workers: int = 1
+
+
+@dataclass
 class PolicySpec:
-    """One value of the policy axis: a training config file plus dotted-key overrides."""
+    """One value of the policy axis: a training config file plus dotted-key overrides, and
+    optionally its own ``resources`` (replacing the sweep's for this policy's trials, so that a
+    large policy's trials get several GPU workers and a small one's a single CPU)."""
 
     config: str
     overrides: dict[str, Any] = field(default_factory=dict)
+    resources: TrialResources | None = None
 
 
 @dataclass
@@ -92,14 +108,6 @@ class BudgetRule:
 
 
 @dataclass
-class TrialResources:
-    """What one trial reserves on the Ray cluster; a GPU fraction lets several trials share a GPU."""
-
-    cpu: float = 1.0
-    gpu: float = 0.0
-
-
-@dataclass
 class FaultInjection:
     """Testing aid: SIGKILL a trial's worker after its first checkpoint, on its first attempt only."""
 
@@ -130,6 +138,10 @@ class SweepConfig:
     # Experiment tracking of every trial's training: csv, tensorboard, wandb or mlflow (group = the
     # sweep's name, run = the trial id, files under <output>/tracking); None = the training default.
     logger: str | None = None
+
+    def trial_resources(self, policy: str) -> TrialResources:
+        """The resources of one trial of ``policy``: its own, else the sweep's."""
+        return self.policies[policy].resources or self.resources
 
     def resolve(self, path: str) -> str:
         """``path`` as given if it is absolute or a URL, else relative to ``base_dir``."""
@@ -267,9 +279,24 @@ def validate_sweep_config(config: SweepConfig, source: str = "<config>") -> None
         )
     if config.budget.checkpoint_every_steps < 1:
         raise SweepConfigError(f"{source}: budget.checkpoint_every_steps must be >= 1")
-    if config.resources.cpu <= 0 or not 0 <= config.resources.gpu:
-        raise SweepConfigError(f"{source}: resources.cpu must be > 0 and resources.gpu >= 0")
+    sections = {"resources": config.resources}
+    sections.update({f"policies.{name}.resources": spec.resources for name, spec in config.policies.items()})
+    for where, resources in sections.items():
+        if resources is not None:
+            _validate_resources(resources, f"{source}: {where}")
     if config.retries < 0:
         raise SweepConfigError(f"{source}: retries must be >= 0")
     if config.logger is not None and config.logger not in LOGGERS:
         raise SweepConfigError(f"{source}: logger must be one of {', '.join(LOGGERS)}, got {config.logger!r}")
+
+
+def _validate_resources(resources: TrialResources, where: str) -> None:
+    if resources.cpu <= 0 or not 0 <= resources.gpu:
+        raise SweepConfigError(f"{where}: cpu must be > 0 and gpu >= 0")
+    if resources.workers < 1:
+        raise SweepConfigError(f"{where}: workers must be >= 1, got {resources.workers}")
+    if resources.workers > 1 and resources.gpu not in (0, 1):
+        raise SweepConfigError(
+            f"{where}: with workers > 1 each worker trains on one whole GPU (NCCL runs one rank per "
+            f"GPU): gpu must be 0 or 1, got {resources.gpu}"
+        )

@@ -15,7 +15,7 @@ import fsspec
 import pandas as pd
 import yaml
 from demoscale.ray_jobs.cluster import ray_session
-from demoscale.ray_jobs.config import SweepConfig, load_sweep_config, sweep_config_from_dict
+from demoscale.ray_jobs.config import SweepConfig, TrialResources, load_sweep_config, sweep_config_from_dict
 from demoscale.ray_jobs.grid import plan_trials
 from demoscale.ray_jobs.results import ResultsFolder
 from demoscale.ray_jobs.trial import TrialRuntime, finished_trial, tune_trainable
@@ -141,6 +141,22 @@ def run_sweep(
     )
 
 
+def trial_placement(resources: TrialResources) -> Any:
+    """What Tune reserves for one trial (a ``PlacementGroupFactory``).
+
+    One worker: one bundle of ``{cpu, gpu}``, in which the trial's own process trains (what a
+    ``{"cpu", "gpu"}`` resource dict gives). ``workers: N``: an empty head bundle (the trial's
+    process only coordinates and evaluates) and N bundles of ``{cpu, gpu}``, one per training rank,
+    packed onto as few machines as possible; Tune starts the trial only when all N fit.
+    """
+    from ray.tune import PlacementGroupFactory
+
+    bundle = {"CPU": float(resources.cpu), "GPU": float(resources.gpu)}
+    if resources.workers <= 1:
+        return PlacementGroupFactory([bundle])
+    return PlacementGroupFactory([{}] + [dict(bundle) for _ in range(resources.workers)], strategy="PACK")
+
+
 @contextmanager
 def _quiet_tune() -> Iterator[None]:
     """Tune's own console output and its TensorBoard/CSV/JSON loggers off; our live table instead."""
@@ -174,7 +190,7 @@ def _run_on_tune(
     runtime = TrialRuntime(config=config, output=output, train_fn=train_fn, evaluate_fn=evaluate_fn)
     trainable = tune.with_resources(
         tune.with_parameters(tune_trainable, runtime=runtime),
-        {"cpu": config.resources.cpu, "gpu": config.resources.gpu},
+        lambda params: trial_placement(config.trial_resources(params["point"]["policy"])),
     )
     writer = ResultsWriter(folder)
     live = LiveTable(total=len(pending), skipped=n_skipped, stream=stream)

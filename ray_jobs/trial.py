@@ -322,6 +322,50 @@ def _train(
         marker = local_folder / "fault_injected.json"
         if not marker.exists():
             _kill_after_first_checkpoint(str(local_folder), marker, stop_watching)
+    resources = config.trial_resources(point["policy"])
+    ranks: list[dict[str, Any]] | None = None
+    try:
+        if resources.workers > 1:
+            from demoscale.ray_jobs.workers import train_on_workers
+
+            trained, ranks = train_on_workers(
+                policy_config,
+                overrides,
+                resources.workers,
+                resources.cpu,
+                resources.gpu,
+                train_fn=runtime.train_fn,
+                progress=progress,
+            )
+        else:
+            trained = _train_here(runtime, policy_config, overrides, progress)
+    except SystemExit as err:  # the Lightning CLI exits on bad arguments; fail the trial, not the worker
+        raise RuntimeError(
+            f"trial {point['trial_id']}: training with {policy_config} exited ({err.code}); "
+            f"overrides: {sorted(overrides)}"
+        ) from None
+    finally:
+        stop_watching.set()
+    if local_folder is not None:
+        record = {
+            "checkpoint_path": str(_attr(trained, "checkpoint_path")),
+            "steps": int(_attr(trained, "steps", default=point["train_steps"])),
+            "samples_seen": int(_attr(trained, "samples_seen", default=0)),
+            "metrics": dict(_attr(trained, "metrics", default={}) or {}),
+        }
+        if ranks is not None:  # what each rank trained on (world size, samples, batches, process)
+            record["workers"] = ranks
+        _write_json(local_folder / TRAIN_RESULT_FILE, record)
+    return trained
+
+
+def _train_here(
+    runtime: TrialRuntime,
+    policy_config: str,
+    overrides: dict[str, Any],
+    progress: Callable[[dict[str, Any]], None] | None,
+) -> Any:
+    """One worker: train in this process (the trial's), reporting progress to the sweep."""
     train_fn, train_kwargs = runtime.train_fn, {}
     if train_fn is None:
         from demoscale.policies import train as train_fn
@@ -334,26 +378,7 @@ def _train(
                     progress(snapshot)
 
             train_kwargs["callbacks"] = [ProgressToSweep(every_s=PROGRESS_EVERY_S)]
-    try:
-        trained = train_fn(policy_config, overrides=overrides, **train_kwargs)
-    except SystemExit as err:  # the Lightning CLI exits on bad arguments; fail the trial, not the worker
-        raise RuntimeError(
-            f"trial {point['trial_id']}: training with {policy_config} exited ({err.code}); "
-            f"overrides: {sorted(overrides)}"
-        ) from None
-    finally:
-        stop_watching.set()
-    if local_folder is not None:
-        _write_json(
-            local_folder / TRAIN_RESULT_FILE,
-            {
-                "checkpoint_path": str(_attr(trained, "checkpoint_path")),
-                "steps": int(_attr(trained, "steps", default=point["train_steps"])),
-                "samples_seen": int(_attr(trained, "samples_seen", default=0)),
-                "metrics": dict(_attr(trained, "metrics", default={}) or {}),
-            },
-        )
-    return trained
+    return train_fn(policy_config, overrides=overrides, **train_kwargs)
 
 
 def _evaluate(
