@@ -19,7 +19,13 @@ from demoscale.eval.ids import IdRangeError, env_id, env_ids, object_id, object_
 from demoscale.eval.tasks import TASKS, TaskDefinition, UnknownTaskError, get_task, make_env, task_names
 
 if TYPE_CHECKING:  # pragma: no cover
-    from demoscale.eval.rollout import EvalResult, SpecMismatchError, evaluate, wilson_interval
+    from demoscale.eval.rollout import (
+        EvalResult,
+        SpecMismatchError,
+        evaluate,
+        sequential_stop,
+        wilson_interval,
+    )
     from demoscale.eval.scores import import_scores
 
 _LAZY = {
@@ -27,6 +33,7 @@ _LAZY = {
     "EvalResult": "demoscale.eval.rollout",
     "wilson_interval": "demoscale.eval.rollout",
     "SpecMismatchError": "demoscale.eval.rollout",
+    "sequential_stop": "demoscale.eval.rollout",
     "import_scores": "demoscale.eval.scores",
 }
 
@@ -55,6 +62,7 @@ __all__ = [
     "make_env",
     "object_id",
     "object_ids",
+    "sequential_stop",
     "split_of",
     "task_names",
     "wilson_interval",

@@ -50,6 +50,10 @@ class EvalConfig:
     batch_size: int = 8
     device: str = "cpu"
     confidence: float = DEFAULT_CONFIDENCE
+    env_split: str | None = None
+    object_split: str | None = None
+    stop_halfwidth: float | None = None
+    min_episodes: int | None = None
 
 
 def _eval_parser() -> argparse.ArgumentParser:
@@ -75,6 +79,23 @@ def _eval_parser() -> argparse.ArgumentParser:
     )
     parser.add_argument("--split", default="unseen", choices=["unseen", "train"], help="id range")
     parser.add_argument(
+        "--env-split",
+        "--env_split",
+        dest="env_split",
+        default=None,
+        choices=["unseen", "train"],
+        help="id range of the environments alone (default: --split), e.g. --env-split train "
+        "--object-split unseen for unseen objects in training environments",
+    )
+    parser.add_argument(
+        "--object-split",
+        "--object_split",
+        dest="object_split",
+        default=None,
+        choices=["unseen", "train"],
+        help="id range of the objects alone (default: --split)",
+    )
+    parser.add_argument(
         "--envs",
         type=int,
         default=None,
@@ -93,6 +114,23 @@ def _eval_parser() -> argparse.ArgumentParser:
         type=int,
         default=None,
         help="total rollouts, round-robin over the pairs (default: one per pair)",
+    )
+    parser.add_argument(
+        "--stop-halfwidth",
+        "--stop_halfwidth",
+        dest="stop_halfwidth",
+        type=float,
+        default=None,
+        help="sequential evaluation: stop once the score interval's half-width is at most this "
+        "(--episodes is then the most that run)",
+    )
+    parser.add_argument(
+        "--min-episodes",
+        "--min_episodes",
+        dest="min_episodes",
+        type=int,
+        default=None,
+        help="with --stop-halfwidth: rollouts before stopping is considered (default: one per pair)",
     )
     parser.add_argument("--workers", type=int, default=1, help="processes")
     parser.add_argument("--out", default=None, help="output directory (rollouts.csv, summary.json, videos/)")
@@ -278,6 +316,10 @@ def main(argv: list[str]) -> int:
             batch_size=config.batch_size,
             device=config.device,
             confidence=config.confidence,
+            env_split=config.env_split,
+            object_split=config.object_split,
+            stop_halfwidth=config.stop_halfwidth,
+            min_episodes=config.min_episodes,
         )
     except (UnknownTaskError, IdRangeError, SpecMismatchError, ValueError) as err:
         return error("eval", err)

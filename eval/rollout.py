@@ -457,9 +457,21 @@ def evaluate(
     progress: bool = True,
     pairing: str = "grid",
     confidence: float = DEFAULT_CONFIDENCE,
+    env_split: str | None = None,
+    object_split: str | None = None,
+    stop_halfwidth: float | None = None,
+    min_episodes: int | None = None,
 ) -> EvalResult:
     """Roll ``policy`` out on the first ``n_envs`` (default: the task's ``eval_envs``) x
     ``n_objects`` pairs of ``split``.
+
+    ``env_split`` and ``object_split`` (default: ``split``) choose the environment and object id
+    ranges apart, e.g. unseen objects in a training environment (``env_split="train",
+    object_split="unseen"``), as the objects sub-study of the Data Scaling Laws study evaluates.
+    ``stop_halfwidth`` makes the evaluation sequential: rollouts run in rounds of ``batch_size``
+    (times ``workers``), in the usual round-robin order, and stop once at least ``min_episodes``
+    (default: one per pair) have run and the score interval's half-width is at most
+    ``stop_halfwidth`` (:func:`sequential_stop`); ``episodes`` is then the most that may run.
 
     ``policy`` is a checkpoint path (loaded with ``demoscale.policies.load_policy``), an already
     loaded Policy, or ``"expert"`` (the task's scripted expert). ``pairing`` is ``"grid"`` (every
@@ -488,7 +500,7 @@ def evaluate(
     n_envs = definition.eval_envs if n_envs is None else n_envs
     if min(n_envs, n_objects) < 1 or (episodes is not None and episodes < 1):
         raise ValueError("n_envs, n_objects and episodes must all be >= 1")
-    envs, objects = env_ids(split, n_envs), object_ids(split, n_objects)
+    envs, objects = env_ids(env_split or split, n_envs), object_ids(object_split or split, n_objects)
     pairs = pair_ids(envs, objects, pairing)
     episodes = len(pairs) if episodes is None else episodes
     if image_size is None:
@@ -516,15 +528,21 @@ def evaluate(
         policy if isinstance(actor, _ExpertActor) or isinstance(policy, str | os.PathLike) else actor.policy
     )
     settings = (image_size, env_options, max_steps, video_dir, seed, batch_size, device)
-    if workers <= 1:
-        rows = _run_jobs(policy_ref, definition.name, jobs, *settings, progress=progress)
+    if stop_halfwidth is None:
+        rows = _run_rollouts(policy_ref, definition.name, jobs, settings, workers, progress)
     else:
-        shares = [jobs[w::workers] for w in range(workers) if jobs[w::workers]]
-        with ProcessPoolExecutor(max_workers=len(shares), mp_context=get_context("spawn")) as pool:
-            futures = [
-                pool.submit(_run_jobs, policy_ref, definition.name, share, *settings) for share in shares
-            ]
-            rows = [row for future in futures for row in future.result()]
+        minimum = len(pairs) if min_episodes is None else int(min_episodes)
+        rows = []
+        round_size = max(1, batch_size * max(1, workers))
+        while len(rows) < len(jobs):
+            batch = jobs[len(rows) : len(rows) + round_size]
+            rows += sorted(
+                _run_rollouts(policy_ref, definition.name, batch, settings, workers, progress=False),
+                key=lambda row: row["rollout_index"],
+            )
+            scores = [row["score"] for row in rows]
+            if sequential_stop(scores, stop_halfwidth, minimum, round_size, confidence) <= len(rows):
+                break
     wall = time.perf_counter() - started
     rollouts = pd.DataFrame(rows).sort_values("rollout_index").reset_index(drop=True)
     summary = {
@@ -533,7 +551,8 @@ def evaluate(
         "policy": actor.name,
         "n_envs": n_envs,
         "n_objects": n_objects,
-        "episodes": episodes,
+        "episodes": len(rollouts),
+        "episodes_planned": episodes,
         **summarise(rollouts, confidence, metrics=definition.metrics),
         "mean_steps": float(rollouts["steps"].mean()),
         "image_size": image_size,
@@ -542,6 +561,9 @@ def evaluate(
         "wall_time_s": wall,
         "env_ids": envs,
         "object_ids": objects,
+        "env_split": env_split or split,
+        "object_split": object_split or split,
+        "stop_halfwidth": stop_halfwidth,
     }
     written = None
     if out_dir is not None:
@@ -551,6 +573,46 @@ def evaluate(
         (out / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
         written = str(out)
     return EvalResult(rollouts=rollouts, summary=summary, out_dir=written)
+
+
+def _run_rollouts(
+    policy_ref: Any, task: str, jobs: list[RolloutJob], settings: tuple, workers: int, progress: bool
+) -> list[dict[str, Any]]:
+    """Run ``jobs`` in this process (environments in lockstep) or spread over ``workers`` processes."""
+    if workers <= 1:
+        return _run_jobs(policy_ref, task, jobs, *settings, progress=progress)
+    shares = [jobs[w::workers] for w in range(workers) if jobs[w::workers]]
+    with ProcessPoolExecutor(max_workers=len(shares), mp_context=get_context("spawn")) as pool:
+        futures = [pool.submit(_run_jobs, policy_ref, task, share, *settings) for share in shares]
+        return [row for future in futures for row in future.result()]
+
+
+def sequential_stop(
+    scores: Sequence[float],
+    halfwidth: float,
+    min_episodes: int,
+    round_size: int,
+    confidence: float = DEFAULT_CONFIDENCE,
+) -> int:
+    """How many of ``scores`` (rollout scores in the order they ran) a sequential evaluation uses:
+    the first multiple of ``round_size`` (or the end) at which at least ``min_episodes`` have run and
+    the score interval (:func:`mean_interval`) is at most ``2 * halfwidth``
+    wide; ``len(scores)`` when it never narrows that far.
+
+    The same rule decides when :func:`evaluate` stops, so applying it to a fixed allocation's
+    recorded rollouts gives exactly what the sequential evaluation would have run (the rollouts are
+    seeded by their index, whatever runs after them).
+    """
+    scores = list(scores)
+    n = 0
+    while n < len(scores):
+        n = min(len(scores), n + max(1, round_size))
+        if n < min_episodes:
+            continue
+        low, high = mean_interval(scores[:n], confidence)
+        if high - low <= 2 * halfwidth:
+            return n
+    return len(scores)
 
 
 def _round_robin_jobs(

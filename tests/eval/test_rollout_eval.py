@@ -179,3 +179,41 @@ def test_eval_cli(tmp_path, capsys) -> None:
     assert eval_main(["missing.ckpt", "--task", "push"]) == 2
     assert "does not exist" in capsys.readouterr().err
     assert eval_main(["expert", "--task", "nope"]) == 2
+
+
+def test_environment_and_object_splits_are_chosen_apart() -> None:
+    # The objects sub-study: unseen objects in a training environment; the environments one: the
+    # training object in unseen environments.
+    policy = HoldPolicy(image_size=24)
+    objects = evaluate(policy, "push", env_split="train", object_split="unseen", n_envs=1, n_objects=3,
+                       max_steps=2, video_episodes=0, progress=False)  # fmt: skip
+    assert set(objects.rollouts["env_id"]) == {0}
+    assert list(objects.rollouts["object_id"]) == [1_000_000, 1_000_001, 1_000_002]
+    assert (objects.summary["env_split"], objects.summary["object_split"]) == ("train", "unseen")
+    envs = evaluate(policy, "push", split="unseen", object_split="train", n_envs=2, n_objects=1,
+                    max_steps=2, video_episodes=0, progress=False)  # fmt: skip
+    assert list(envs.rollouts["env_id"]) == [1_000_000, 1_000_001] and set(envs.rollouts["object_id"]) == {0}
+
+
+def test_sequential_stop_rule() -> None:
+    from demoscale.eval import sequential_stop
+
+    agree = [1.0] * 40
+    # All rollouts succeed: the 90% interval of 20 of 20 is [0.88, 1], narrow enough at half-width 0.07.
+    assert sequential_stop(agree, halfwidth=0.07, min_episodes=8, round_size=4) == 20
+    assert sequential_stop(agree, halfwidth=0.07, min_episodes=24, round_size=4) == 24  # never before the minimum
+    split = [1.0, 0.0] * 20
+    assert sequential_stop(split, halfwidth=0.07, min_episodes=8, round_size=4) == 40  # p = 0.5 never narrows
+    assert sequential_stop(split, halfwidth=0.2, min_episodes=8, round_size=4) == 16
+
+
+def test_sequential_evaluation_runs_the_prefix_the_rule_chooses() -> None:
+    from demoscale.eval import sequential_stop
+
+    full = evaluate("expert", "reach", split="train", n_envs=2, episodes=16, image_size=24, batch_size=4,
+                    video_episodes=0, progress=False)  # fmt: skip
+    stopped = evaluate("expert", "reach", split="train", n_envs=2, episodes=16, image_size=24, batch_size=4,
+                       stop_halfwidth=0.25, min_episodes=4, video_episodes=0, progress=False)  # fmt: skip
+    n = sequential_stop(full.rollouts["score"].tolist(), 0.25, 4, 4)
+    assert n < 16 and len(stopped.rollouts) == n and stopped.summary["episodes_planned"] == 16
+    pd.testing.assert_frame_equal(stopped.rollouts, full.rollouts.iloc[:n].reset_index(drop=True))
