@@ -11,13 +11,20 @@ from __future__ import annotations
 import importlib
 import sys
 
-# name -> (module, one-line help)
+# name -> (module, one-line help). A two-word name ("store export") is a subcommand served by
+# another package's module than its first word's: it is looked up before the one-word name.
 COMMANDS: dict[str, tuple[str, str]] = {
     "demo": ("demoscale.demo", "run the whole loop in simulation: collect, ingest, sweep, fit, recommend"),
+    "study": (
+        "demoscale.study",
+        "the data-scaling study in simulation: objects, environments, pairs, demos; the advice carried out",
+    ),
     "store": ("demoscale.datasets.cli", "inspect, validate and label episode stores"),
+    # The store package imports none of ours, so writing other formats lives with their readers.
+    "store export": ("demoscale.collect.export_cli", "write a store as a LeRobot v3.0 dataset"),
     "ingest": (
         "demoscale.collect.ingest_cli",
-        "ingest UMI, JoyLo, robomimic or replay-buffer data into a store",
+        "ingest UMI, JoyLo, robomimic, replay-buffer or LeRobot data into a store",
     ),
     "collect": (
         "demoscale.eval.collect_sim_cli",
@@ -53,6 +60,8 @@ def main(argv: list[str] | None = None) -> int:
         print(f"demoscale {__version__}")
         return 0
     name, rest = argv[0], argv[1:]
+    if " ".join(argv[:2]) in COMMANDS:
+        name, rest = " ".join(argv[:2]), argv[2:]
     if name not in COMMANDS:
         print(f"demoscale: unknown command {name!r}\n\n{_usage()}", file=sys.stderr)
         return 2

@@ -9,10 +9,12 @@ The formats are adapters registered in ``collect/formats.py`` (``FORMATS``), eac
 - :func:`ingest_umi_session` — a raw UMI session (``dataset_plan.pkl`` + ``demos/*/raw_video.mp4``);
 - :func:`ingest_joylo` — JoyLo per-episode HDF5 files or a merged BRS file;
 - :func:`ingest_robomimic` — a robomimic HDF5 file;
-- :func:`ingest_replay_buffer` — a diffusion_policy replay buffer (e.g. PushT).
+- :func:`ingest_replay_buffer` — a diffusion_policy replay buffer (e.g. PushT);
+- :func:`ingest_lerobot` — a LeRobot dataset (codebase v2.1 or v3.0).
 
 Writers of the source formats (used by the simulator, as hardware would write them):
-:func:`write_umi_zip`, :func:`write_joylo_episode`, :func:`write_brs_merged`.
+:func:`write_umi_zip`, :func:`write_joylo_episode`, :func:`write_brs_merged`. And a store written
+out in another format: :func:`export_lerobot` (a LeRobot v3.0 dataset).
 """
 
 from __future__ import annotations
@@ -37,6 +39,8 @@ __all__ = [
     "ingest_joylo",
     "ingest_robomimic",
     "ingest_replay_buffer",
+    "ingest_lerobot",
+    "export_lerobot",
     "write_umi_zip",
     "write_joylo_episode",
     "write_brs_merged",
@@ -51,10 +55,14 @@ _LAZY = {
     "write_brs_merged": "demoscale.collect.joylo",
     "ingest_robomimic": "demoscale.collect.robomimic",
     "ingest_replay_buffer": "demoscale.collect.replay_buffer",
+    "ingest_lerobot": "demoscale.collect.lerobot",
+    "export_lerobot": "demoscale.collect.lerobot_export",
 }
 
 if TYPE_CHECKING:
     from demoscale.collect.joylo import ingest_joylo, write_brs_merged, write_joylo_episode
+    from demoscale.collect.lerobot import ingest_lerobot
+    from demoscale.collect.lerobot_export import export_lerobot
     from demoscale.collect.replay_buffer import ingest_replay_buffer
     from demoscale.collect.robomimic import ingest_robomimic
     from demoscale.collect.umi import ingest_umi, write_umi_zip

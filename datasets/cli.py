@@ -51,7 +51,12 @@ def main(argv: list[str] | None = None) -> int:
         resolve_store,
     )
 
-    parser = make_parser("demoscale store", __doc__)
+    parser = make_parser(
+        "demoscale store",
+        __doc__,
+        epilog="also: demoscale store export STORE OUT --format lerobot  (write a LeRobot v3.0 dataset; "
+        "demoscale store export --help)",
+    )
     commands = parser.add_subparsers(dest="command", required=True)
     where = "store location: directory, .zip or fsspec URL"
     info = commands.add_parser(

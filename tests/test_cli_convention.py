@@ -102,6 +102,8 @@ def test_demo_refuses_a_folder_it_did_not_make(tmp_path: Path, capsys) -> None:
         ["eval"],
         ["store", "info"],
         ["ingest", "umi"],
+        ["ingest", "lerobot"],
+        ["store", "export"],
         ["collect", "sim"],
         ["laws", "recommend"],
     ],
