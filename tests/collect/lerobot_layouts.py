@@ -98,7 +98,13 @@ def concatenate_mp4(paths: list[Path], out: Path) -> None:
 
 
 def _info(
-    version: str, fps: int, episodes: list[dict], cameras: tuple[str, ...], codec: str, **paths
+    version: str,
+    fps: int,
+    episodes: list[dict],
+    cameras: tuple[str, ...],
+    codec: str,
+    image_cameras: tuple[str, ...],
+    **paths,
 ) -> dict:
     features: dict = {}
     for name, (shape, dtype) in LOW_DIM.items():
@@ -111,6 +117,10 @@ def _info(
             "names": ["height", "width", "channels"],
             "info": {"video.height": HEIGHT, "video.width": WIDTH, "video.codec": codec, "video.pix_fmt": "yuv420p",
                      "video.is_depth_map": False, "video.fps": fps, "video.channels": 3, "has_audio": False},
+        }  # fmt: skip
+    for camera in image_cameras:
+        features[f"observation.images.{camera}"] = {
+            "dtype": "image", "shape": [HEIGHT, WIDTH, 3], "names": ["height", "width", "channels"]
         }  # fmt: skip
     for name, dtype in (("timestamp", "float32"), ("frame_index", "int64"), ("episode_index", "int64"),
                         ("index", "int64"), ("task_index", "int64")):  # fmt: skip
@@ -200,7 +210,7 @@ def write_v30(
     (meta / "episodes/chunk-000").mkdir(parents=True)
     pq.write_table(pa.Table.from_pylist(rows), meta / "episodes/chunk-000/file-000.parquet")
     pd.DataFrame({"task_index": range(len(TASKS))}, index=list(TASKS)).to_parquet(meta / "tasks.parquet")
-    info = _info("v3.0", fps, episodes, cameras, "av1" if codec == "libsvtav1" else "h264",
+    info = _info("v3.0", fps, episodes, cameras, "av1" if codec == "libsvtav1" else "h264", (),
                  data_path="data/chunk-{chunk_index:03d}/file-{file_index:03d}.parquet",
                  video_path="videos/{video_key}/chunk-{chunk_index:03d}/file-{file_index:03d}.mp4")  # fmt: skip
     info |= {"data_files_size_in_mb": 100, "video_files_size_in_mb": 200}
@@ -208,15 +218,34 @@ def write_v30(
     return root
 
 
+def _png(image: np.ndarray) -> bytes:
+    import imagecodecs
+
+    return imagecodecs.png_encode(image)
+
+
 def write_v21(
-    root: Path, episodes: list[dict], cameras: tuple[str, ...], fps: int = 10, codec: str = "libx264"
+    root: Path,
+    episodes: list[dict],
+    cameras: tuple[str, ...],
+    fps: int = 10,
+    codec: str = "libx264",
+    image_cameras: tuple[str, ...] = (),
 ) -> Path:
-    """A v2.1 dataset: one parquet and one mp4 per camera for each episode, and the jsonl metadata."""
+    """A v2.1 dataset: one parquet and one mp4 per camera for each episode, and the jsonl metadata.
+    ``image_cameras`` are LeRobot ``image`` features instead: PNG files in the parquet (a struct of
+    ``bytes`` and ``path``, as the datasets Image feature writes it)."""
     meta = root / "meta"
     meta.mkdir(parents=True)
     index = 0
     for episode_index, episode in enumerate(episodes):
         table = _frames_table(episodes, [episode_index], index, fps, fixed_lists=False)
+        for camera in image_cameras:
+            key = f"observation.images.{camera}"
+            images = [{"bytes": _png(image), "path": None} for image in episode[key]]
+            table = table.append_column(
+                key, pa.array(images, pa.struct([("bytes", pa.binary()), ("path", pa.string())]))
+            )
         path = root / f"data/chunk-000/episode_{episode_index:06d}.parquet"
         path.parent.mkdir(parents=True, exist_ok=True)
         pq.write_table(table, path)
@@ -235,7 +264,7 @@ def write_v21(
     stats = [{"episode_index": i, "stats": {"action": {"mean": e["action"].mean(axis=0).tolist()}}}
              for i, e in enumerate(episodes)]  # fmt: skip
     (meta / "episodes_stats.jsonl").write_text("".join(json.dumps(line) + "\n" for line in stats))
-    info = _info("v2.1", fps, episodes, cameras, "h264" if codec == "libx264" else "av1",
+    info = _info("v2.1", fps, episodes, cameras, "h264" if codec == "libx264" else "av1", image_cameras,
                  data_path="data/chunk-{episode_chunk:03d}/episode_{episode_index:06d}.parquet",
                  video_path="videos/chunk-{episode_chunk:03d}/{video_key}/episode_{episode_index:06d}.mp4")  # fmt: skip
     info |= {"total_chunks": 1, "total_videos": len(episodes) * len(cameras)}

@@ -93,8 +93,8 @@ def test_v30_values_exact_and_video_frames_located(v30, tmp_path) -> None:
 
 
 def test_v21_through_the_command_line(tmp_path) -> None:
-    episodes = layouts.make_episodes(1, [8, 9, 10], ("top",))
-    root = layouts.write_v21(tmp_path / "v21", episodes, ("top",))
+    episodes = layouts.make_episodes(1, [8, 9, 10], ("top", "side"))
+    root = layouts.write_v21(tmp_path / "v21", episodes, ("top",), image_cameras=("side",))
     store = tmp_path / "store.zarr"
     run = _demoscale("ingest", "lerobot", str(root), "--store", str(store), "--object-from", "task",
                      "--env-id", "3", "--image-codec", "png", "--no-progress")  # fmt: skip
@@ -110,6 +110,11 @@ def test_v21_through_the_command_line(tmp_path) -> None:
             root / f"videos/chunk-000/observation.images.top/episode_{index:06d}.mp4"
         )
         np.testing.assert_array_equal(opened.episode(index)["observation.images.top"], decoded)
+        # An `image` feature: the PNG files of the parquet, exactly.
+        np.testing.assert_array_equal(
+            opened.episode(index)["observation.images.side"], episodes[index]["observation.images.side"]
+        )
+    assert opened.features["observation.images.side"].kind == "image"
 
 
 def _short_video(root: Path) -> None:
