@@ -129,7 +129,6 @@ class VideoPart:
 class LeRobotEpisode:
     """Where one planned LeRobot episode lies."""
 
-    root: str
     episode_index: int
     data_file: str
     columns: tuple[Column, ...]
@@ -913,9 +912,7 @@ class _EpisodePlanner:
         frame_tasks = table.task_index[rows] if table.task_index is not None else np.zeros(0, np.int64)
         texts = episode_tasks(row, frame_tasks, tasks, where)
         episode_labels = episode_ids(ids, row, texts, task_indices, self.options, id_map, where)
-        load_args = LeRobotEpisode(
-            str(dataset.root), episode, str(data_file), self.columns, tuple(keys), videos, decoder="pyav"
-        )
+        load_args = LeRobotEpisode(episode, str(data_file), self.columns, tuple(keys), videos, decoder="pyav")
         success = row.get("success") if isinstance(row.get("success"), bool) else None
         return EpisodePlan(
             f"{dataset.root}#episode={episode}",
