@@ -428,15 +428,25 @@ def decode_frames(part: VideoPart, decoder: str, where: str) -> np.ndarray:
     """The frames of one episode's part of a video as (n, *shape) uint8."""
     channels = part.shape[2] if len(part.shape) == 3 else 1
     if decoder == "torchcodec" and channels == 3:
-        from torchcodec.decoders import VideoDecoder
-
-        video = VideoDecoder(part.path, seek_mode="exact", dimension_order="NHWC")
-        frames = video.get_frames_at(indices=list(part.frame_indices)).data.numpy()
+        status = os.stat(part.path)
+        decoder_of_file = _torchcodec_decoder(part.path, (status.st_mtime_ns, status.st_size))
+        frames = decoder_of_file.get_frames_at(indices=list(part.frame_indices)).data.numpy()
     else:
         frames = _decode_pyav(part, channels, where)
     if frames.shape[1:3] != tuple(part.shape[:2]):
         raise IngestError(f"{where}: frames decode to {frames.shape[1:3]}, info.json says {part.shape[:2]}")
     return np.ascontiguousarray(frames.reshape((len(frames), *part.shape)), dtype=np.uint8)
+
+
+@functools.lru_cache(maxsize=4)
+def _torchcodec_decoder(path: str, stamp: tuple[int, int]) -> Any:
+    """One decoder per file (identity) and process: opening one in exact mode scans the whole file,
+    and a v3.0 file holds many episodes, loaded one after another."""
+    from torchcodec.decoders import VideoDecoder
+
+    del stamp  # part of the cache key only
+
+    return VideoDecoder(path, seek_mode="exact", dimension_order="NHWC")
 
 
 def _decode_pyav(part: VideoPart, channels: int, where: str) -> np.ndarray:
