@@ -80,7 +80,6 @@ def _eval_parser() -> argparse.ArgumentParser:
     parser.add_argument("--split", default="unseen", choices=["unseen", "train"], help="id range")
     parser.add_argument(
         "--env-split",
-        "--env_split",
         dest="env_split",
         default=None,
         choices=["unseen", "train"],
@@ -89,7 +88,6 @@ def _eval_parser() -> argparse.ArgumentParser:
     )
     parser.add_argument(
         "--object-split",
-        "--object_split",
         dest="object_split",
         default=None,
         choices=["unseen", "train"],
@@ -117,7 +115,6 @@ def _eval_parser() -> argparse.ArgumentParser:
     )
     parser.add_argument(
         "--stop-halfwidth",
-        "--stop_halfwidth",
         dest="stop_halfwidth",
         type=float,
         default=None,
@@ -126,7 +123,6 @@ def _eval_parser() -> argparse.ArgumentParser:
     )
     parser.add_argument(
         "--min-episodes",
-        "--min_episodes",
         dest="min_episodes",
         type=int,
         default=None,
