@@ -15,6 +15,10 @@ import sys
 # another package's module than its first word's: it is looked up before the one-word name.
 COMMANDS: dict[str, tuple[str, str]] = {
     "demo": ("demoscale.demo", "run the whole loop in simulation: collect, ingest, sweep, fit, recommend"),
+    "study": (
+        "demoscale.study",
+        "the data-scaling study in simulation: objects, environments, pairs, demos; the advice carried out",
+    ),
     "store": ("demoscale.datasets.cli", "inspect, validate and label episode stores"),
     # The store package imports none of ours, so writing other formats lives with their readers.
     "store export": ("demoscale.collect.export_cli", "write a store as a LeRobot v3.0 dataset"),

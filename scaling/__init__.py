@@ -26,6 +26,7 @@ _LAZY: dict[str, str] = {
     "Plan": "demoscale.scaling.budget",
     "recommend_budget": "demoscale.scaling.budget",
     "plot_laws": "demoscale.scaling.plots",
+    "plot_fits": "demoscale.scaling.plots",
 }
 
 __all__ = ["AXES", "BOOTSTRAP_MODES", "METHODS", *_LAZY]

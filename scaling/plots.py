@@ -255,6 +255,30 @@ def plot_laws(
         return _render(panels, out_dir, name, separate, extrapolate, confidence, dpi, target)
 
 
+def plot_fits(
+    panels: list[tuple[str, list[LawFit]]],
+    out_dir: str | Path,
+    name: str = "scaling_laws",
+    confidence: float = DEFAULT_CONFIDENCE,
+    extrapolate: float = 4.0,
+    separate: bool = True,
+    dpi: int = 150,
+    target: float | None = None,
+    titles: list[str] | None = None,
+) -> list[Path]:
+    """Draw laws already fitted, one panel per ``(axis, [fits of that axis])`` — for laws of several
+    tables side by side (the sub-studies of a study, a law at two training budgets), which
+    :func:`plot_laws` (one table) cannot hold. The same panels, files and options as
+    :func:`plot_laws`; ``titles`` (one per panel) head the panels."""
+    out_dir = Path(out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    panels = [(axis, fits) for axis, fits in panels if fits]
+    if not panels:
+        raise ResultsError("nothing to plot: no fitted laws were given")
+    with plt.rc_context({"svg.fonttype": "none"}):
+        return _render(panels, out_dir, name, separate, extrapolate, confidence, dpi, target, titles)
+
+
 def _render(
     panels: list[tuple[str, list[LawFit]]],
     out_dir: Path,
@@ -264,11 +288,14 @@ def _render(
     confidence: float,
     dpi: int,
     target: float | None = None,
+    titles: list[str] | None = None,
 ) -> list[Path]:
     written: list[Path] = []
     figure, grid_axes = plt.subplots(1, len(panels), figsize=(6.4 * len(panels), 6.8), squeeze=False)
-    for ax, (axis, fits) in zip(grid_axes[0], panels, strict=True):
+    for index, (ax, (axis, fits)) in enumerate(zip(grid_axes[0], panels, strict=True)):
         _draw_panel(ax, axis, fits, extrapolate, confidence, target)
+        if titles:
+            ax.set_title(titles[index])
     # Two lines: one panel is 6.4 inches wide, too narrow for the title on one line.
     figure.suptitle(
         "Scaling laws of the optimality gap\n(shaded: extrapolation beyond the tested data)", fontsize=12

@@ -42,3 +42,21 @@ def test_figure_reads_as_score_too_and_shows_target_bands_and_evidence(tmp_path,
     untargeted = plot_laws(demo_shaped_results, tmp_path / "none", axes=["n_envs"], n_bootstrap=50,
                            separate=False, dpi=72)  # fmt: skip
     assert "target score" not in untargeted[1].read_text()
+
+
+def test_laws_of_several_tables_side_by_side(tmp_path, synthetic) -> None:
+    """plot_fits draws laws fitted on different tables (a study's sub-studies) in one figure."""
+    from demoscale.scaling import fit_law, plot_fits
+
+    envs, _ = synthetic(lambda x, d: 0.6 * x**-0.5, [1, 2, 4, 8, 16])
+    objects, _ = synthetic(lambda x, d: 0.7 * x**-0.2, [1, 2, 4, 8, 16])
+    objects = objects.assign(n_objects=objects["n_envs"], n_envs=1.0)
+    panels = [
+        ("n_envs", [fit_law(envs, axis="n_envs", n_bootstrap=50)]),
+        ("n_objects", [fit_law(objects, axis="n_objects", n_bootstrap=50)]),
+    ]
+    paths = plot_fits(panels, tmp_path, name="both", separate=False, dpi=72, titles=["A", "B"])
+    assert [p.name for p in paths] == ["both.png", "both.svg"]
+    svg = paths[1].read_text()
+    assert "training environments (log scale)" in svg and "objects per environment (log scale)" in svg
+    assert ">A<" in svg and ">B<" in svg

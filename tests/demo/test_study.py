@@ -1,0 +1,141 @@
+"""`demoscale study`: the four sub-studies, their laws and the recommendation carried out."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import pytest
+from demoscale.study import (
+    AXES,
+    SequentialRule,
+    StudyConfig,
+    choose_plans,
+    eval_spec,
+    load_study_config,
+    plan_cost,
+    sequential_replay,
+    study_stores,
+    substudy_sweeps,
+)
+
+
+def test_default_and_quick_configs_describe_the_four_substudies() -> None:
+    default, quick = load_study_config(), load_study_config(quick=True)
+    for config in (default, quick):
+        stores = study_stores(config)
+        n = max(config.counts)
+        assert (stores["objects"].n_envs, stores["objects"].n_objects) == (1, n)
+        assert (stores["envs"].n_envs, stores["envs"].n_objects) == (n, 1)
+        assert stores["pairs"].pairing == "unique" and stores["pairs"].demos_per_pair >= max(
+            config.demo_counts
+        )
+        sweeps = substudy_sweeps(config, {k: Path(f"{k}.zarr") for k in stores}, Path("out"))
+        assert set(AXES) < set(sweeps) and len(sweeps) == 5
+        assert sweeps["n_objects"]["grid"]["n_objects"] == config.counts
+        assert sweeps["n_envs"]["grid"]["n_envs"] == config.counts
+        assert sweeps["demos_per_pair"]["grid"]["demos_per_pair"] == config.demo_counts
+        repeat = next(s for name, s in sweeps.items() if name.endswith("_steps"))
+        assert repeat["budget"]["steps"] == int(np.ceil(config.budget["steps"] * config.compute_factor))
+    # quick keeps the default's other keys (its train_overrides add to the default's)
+    assert quick.train_overrides["trainer.enable_progress_bar"] is False
+    assert quick.train_overrides["data.batch_size"] == 16
+
+
+def test_each_substudy_is_evaluated_on_its_own_unseen_settings() -> None:
+    config = StudyConfig()
+    objects, envs, pairs = (eval_spec(config, axis) for axis in ("n_objects", "n_envs", "n_pairs"))
+    assert (objects["options"]["env_split"], objects["options"]["object_split"]) == ("train", "unseen")
+    assert (objects["n_envs"], objects["n_objects"]) == (1, config.eval_settings)
+    assert (envs["options"]["env_split"], envs["options"]["object_split"]) == ("unseen", "train")
+    assert (envs["n_envs"], envs["n_objects"]) == (config.eval_settings, 1)
+    assert pairs["options"]["pairing"] == "unique" and pairs["options"]["object_split"] == "unseen"
+
+
+def test_sequential_replay_cuts_each_trial_where_the_rule_stops() -> None:
+    rng = np.random.default_rng(0)
+    results = pd.DataFrame({"trial_id": ["a", "b"], "n_pairs": [1, 2], "score": [1.0, 0.5],
+                            "score_ci_low": 0.0, "score_ci_high": 1.0, "success_rate": 0.0,
+                            "n_rollouts": 40})  # fmt: skip
+    rollouts = pd.DataFrame({
+        "trial_id": ["a"] * 40 + ["b"] * 40,
+        "rollout_index": list(range(40)) * 2,
+        "score": [1.0] * 40 + list(rng.integers(0, 2, 40).astype(float)),
+    })  # fmt: skip
+    rollouts["success"] = rollouts["score"] == 1.0
+    cut, saving = sequential_replay({"n_pairs": (results, rollouts)}, SequentialRule(0.07, 8, 4), 0.9)
+    rows, kept = cut["n_pairs"]
+    # All 1s narrow at 20 rollouts (the 90% interval of 20/20 is [0.88, 1]); a coin never does.
+    assert list(rows["n_rollouts"]) == [20, 40]
+    assert (
+        len(kept) == 60 and saving["rollouts_fixed"] == 80 and saving["saved_fraction"] == pytest.approx(0.25)
+    )
+    assert rows.loc[0, "score"] == 1.0 and rows.loc[0, "score_ci_low"] > 0.85
+
+
+def test_the_alternative_plan_costs_what_the_recommendation_costs() -> None:
+    config = StudyConfig()
+    trials = pd.DataFrame({"trial_id": [f"t{n}" for n in config.counts], "n_pairs": config.counts,
+                           "demos_per_pair": config.demos_per_pair,
+                           "score": [0.2, 0.35, 0.5, 0.62, 0.72], "n_rollouts": 60})  # fmt: skip
+    _, recommended, alternative, asked = choose_plans(config, (trials, None))
+    assert alternative.n_pairs == max(1, recommended.n_pairs // 2)
+    assert alternative.demos_per_pair > recommended.demos_per_pair  # the same money on fewer pairs
+    assert abs(alternative.cost - recommended.cost) <= alternative.n_pairs * config.cost_demo
+    assert recommended.cost == plan_cost(config, recommended.n_pairs, recommended.demos_per_pair)
+    assert asked
+
+
+def test_print_config_and_bad_keys(capsys) -> None:
+    from demoscale.study import main
+
+    assert main(["--quick", "--print-config", "--set", "target=0.7"]) == 0
+    assert "target: 0.7" in capsys.readouterr().out
+    assert main(["--print-config", "--set", "no_such_key=1"]) == 2
+    assert "no_such_key" in capsys.readouterr().err
+
+
+def _study(out: Path, *flags: str) -> subprocess.Popen:
+    return subprocess.Popen(
+        [sys.executable, "-m", "demoscale", "study", "--quick", "--out", str(out), *flags],
+        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+    )  # fmt: skip
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(3600)
+def test_a_killed_study_resumes_and_reruns_only_unfinished_trials(tmp_path: Path) -> None:
+    out = tmp_path / "study"
+    first = _study(out)
+    objects = out / "sweeps" / "n_objects" / "results.csv"
+    deadline = time.monotonic() + 1800
+    while not objects.exists() and first.poll() is None and time.monotonic() < deadline:
+        time.sleep(2)
+    assert objects.exists(), first.communicate()[0][-3000:]
+    first.kill()
+    first.wait()
+    before = pd.read_csv(objects)
+    rows_before = {p: p.stat().st_mtime for p in (out / "sweeps" / "n_objects" / "trials").glob("*/row.json")}
+    resumed = _study(out, "--resume")
+    log = resumed.communicate(timeout=3000)[0]
+    assert resumed.returncode == 0, log[-3000:]
+    summary = json.loads((out / "summary.json").read_text())
+    assert set(summary["axes"]) == set(AXES)
+    for axis in AXES:
+        assert set(summary["axes"][axis]) >= {"alpha", "alpha_ci", "r", "preferred_law"}
+    assert {"plan", "predicted", "predicted_low", "predicted_high", "achieved", "alternative_plan",
+            "alternative_achieved"} <= set(summary["validation"])  # fmt: skip
+    assert 0 <= summary["rollouts_saved_fraction"] < 1 and summary["wall_minutes"] > 0
+    assert summary["headline"] and (out / "report.md").exists()
+    assert list((out / "plots").glob("study_overview*.png"))
+    # The trials finished before the kill were not run again.
+    after = pd.read_csv(objects)
+    assert set(before["trial_id"]) <= set(after["trial_id"])
+    for path, mtime in rows_before.items():
+        assert path.stat().st_mtime == mtime
+    assert "store objects: 9 episodes already collected" in log
