@@ -10,7 +10,8 @@ Each plan episode is a dict with ``episode_timestamps`` (N,), ``grippers`` (one 
 ``demo_end_pose`` (6,)) and ``cameras`` (one dict per camera with ``video_path``, relative to
 ``demos/`` or to the session, and ``video_start_end`` = the [start, end) frame range).
 
-Frames are decoded with OpenCV, centre-cropped to a square and resized (area interpolation) to
+Frames are decoded with the fastest decoder that works here (torchcodec, else OpenCV, else PyAV:
+``VIDEO_DECODERS``), centre-cropped to a square and resized (area interpolation) to
 ``resolution`` x ``resolution``; the stored keys are those of the zip path (``camera{i}_rgb``,
 ``robot{i}_*`` and the next-frame ``action``).
 
@@ -23,10 +24,13 @@ with the full unpickler: use that only for sessions you made or trust.
 
 from __future__ import annotations
 
+import functools
 import hashlib
+import importlib
+import importlib.util
 import os
 import pickle
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -116,31 +120,155 @@ def _frame_count(path: Path) -> int:
         capture.release()
 
 
-def read_video_frames(path: str | os.PathLike, start: int, end: int, resolution: int) -> np.ndarray:
-    """Frames [start, end) of a video as (N, resolution, resolution, 3) uint8 RGB, centre-cropped."""
+# Decoders in order of preference, least CPU per frame first as measured on the same H.264 videos
+# (benchmarks/video_decode.py, numbers in collect/README.md); each later one is the fallback of the
+# ones before it, where they do not import or cannot open a file. OpenCV and PyAV were within noise
+# of each other; OpenCV comes first as the lower of the two in most runs.
+VIDEO_DECODERS = ("torchcodec", "opencv", "pyav")
+# torchcodec hands out a range's frames in one tensor; they are asked for in batches of about this
+# many bytes. A whole episode at once would be gigabytes for a 2.7K GoPro video, and even 32
+# frames of 1280x720 cost 4.2 ms of CPU per frame against 2.4 ms in batches of 2-4 (fresh large
+# buffers are slow to fill; benchmarks/video_decode.py).
+TORCHCODEC_BATCH_BYTES = 8 << 20
+
+
+def torchcodec_batch(width: int, height: int) -> int:
+    """Frames per torchcodec call for RGB frames of this size (at least one)."""
+    return max(1, TORCHCODEC_BATCH_BYTES // max(1, 3 * int(width) * int(height)))
+
+
+# One FFmpeg thread per decoder: ingestion decodes episodes in parallel processes (``workers``), and
+# decoder threads on top of them would only compete for the same cores.
+DECODE_THREADS = 1
+
+
+@functools.cache
+def video_decoder_problems() -> dict[str, str | None]:
+    """Per decoder, why it cannot decode here (None: it can). torchcodec needs FFmpeg's shared
+    libraries (4 to 8) on the system and a torch it was built for; PyAV and OpenCV bring their own."""
+    problems: dict[str, str | None] = {}
+    for name, module in (("torchcodec", "torchcodec.decoders"), ("pyav", "av"), ("opencv", "cv2")):
+        if importlib.util.find_spec(module.split(".")[0]) is None:
+            problems[name] = "not installed"
+            continue
+        try:
+            importlib.import_module(module)  # torchcodec loads torch and FFmpeg's libraries here
+        except Exception as error:
+            lines = str(error).strip().splitlines()
+            problems[name] = f"does not load ({type(error).__name__}: {lines[0] if lines else ''})"
+        else:
+            problems[name] = None
+    return problems
+
+
+def _decoders(decoder: str) -> list[str]:
+    """The decoders to try, in order, for ``decoder`` (``auto`` or one name)."""
+    if decoder == "auto":
+        usable = [name for name in VIDEO_DECODERS if video_decoder_problems()[name] is None]
+        if not usable:
+            raise IngestError(f"no video decoder works here: {video_decoder_problems()}")
+        return usable
+    if decoder not in VIDEO_DECODERS:
+        raise ValueError(
+            f"unknown video decoder {decoder!r}; choose auto or one of {', '.join(VIDEO_DECODERS)}"
+        )
+    problem = video_decoder_problems()[decoder]
+    if problem is not None:
+        raise IngestError(f"video decoder {decoder} {problem}")
+    return [decoder]
+
+
+def _too_short(path: str | os.PathLike, index: int, start: int, end: int) -> IngestError:
+    return IngestError(f"{path}: video ends at frame {index}, the plan needs frames {start}:{end}")
+
+
+def _rgb_frames_torchcodec(path: str | os.PathLike, start: int, end: int) -> Iterator[np.ndarray]:
+    from torchcodec.decoders import VideoDecoder
+
+    # "exact" indexes every frame from the packets first, so frame i is the i-th decoded frame, as
+    # in a sequential read; the range is then reached by seeking to the key frame before it.
+    video = VideoDecoder(
+        str(path), dimension_order="NHWC", seek_mode="exact", num_ffmpeg_threads=DECODE_THREADS
+    )
+    available = int(video.metadata.num_frames or 0)
+    if available < end:
+        raise _too_short(path, available, start, end)
+    batch = torchcodec_batch(video.metadata.width or 1, video.metadata.height or 1)
+    for first in range(start, end, batch):
+        yield from video.get_frames_in_range(first, min(first + batch, end)).data.numpy()
+
+
+def _rgb_frames_pyav(path: str | os.PathLike, start: int, end: int) -> Iterator[np.ndarray]:
+    import av
+
+    index = 0
+    with av.open(str(path)) as container:
+        stream = container.streams.video[0]
+        stream.thread_count = DECODE_THREADS
+        frames = container.decode(stream)
+        while index < end:
+            try:
+                frame = next(frames)
+            except StopIteration:
+                break
+            except av.FFmpegError as error:  # a damaged tail: the video ends where decoding stops
+                raise IngestError(f"{_too_short(path, index, start, end)} ({error})") from None
+            if index >= start:
+                yield frame.to_ndarray(format="rgb24")
+            index += 1
+    if index < end:
+        raise _too_short(path, index, start, end)
+
+
+def _rgb_frames_opencv(path: str | os.PathLike, start: int, end: int) -> Iterator[np.ndarray]:
     import cv2
 
-    capture = cv2.VideoCapture(str(path))
+    capture = cv2.VideoCapture(str(path), cv2.CAP_FFMPEG, [cv2.CAP_PROP_N_THREADS, DECODE_THREADS])
     if not capture.isOpened():
-        raise IngestError(f"{path}: OpenCV cannot open the video")
-    frames = np.empty((end - start, resolution, resolution, 3), np.uint8)
+        raise OSError(f"{path}: OpenCV cannot open the video")
     try:
         # Read sequentially from the start: seeking by frame index is not exact for every codec.
         for index in range(end):
             ok, frame = capture.read()
             if not ok:
-                raise IngestError(f"{path}: video ends at frame {index}, the plan needs frames {start}:{end}")
-            if index < start:
-                continue
-            height, width = frame.shape[:2]
-            side = min(height, width)
-            top, left = (height - side) // 2, (width - side) // 2
-            square = frame[top : top + side, left : left + side]
-            resized = cv2.resize(square, (resolution, resolution), interpolation=cv2.INTER_AREA)
-            frames[index - start] = cv2.cvtColor(resized, cv2.COLOR_BGR2RGB)
+                raise _too_short(path, index, start, end)
+            if index >= start:
+                yield cv2.cvtColor(frame, cv2.COLOR_BGR2RGB)
     finally:
         capture.release()
-    return frames
+
+
+_RGB_FRAMES = {"torchcodec": _rgb_frames_torchcodec, "pyav": _rgb_frames_pyav, "opencv": _rgb_frames_opencv}
+
+
+def read_video_frames(
+    path: str | os.PathLike, start: int, end: int, resolution: int, decoder: str = "auto"
+) -> np.ndarray:
+    """Frames [start, end) of a video as (N, resolution, resolution, 3) uint8 RGB, centre-cropped
+    to a square and area-resized.
+
+    ``decoder``: ``auto`` (the first of :data:`VIDEO_DECODERS` that works here; one that cannot
+    open the file hands it to the next) or a name. A video with fewer frames than the range needs
+    is an :class:`IngestError` (``video ends at frame N``) whichever decoder reads it.
+    """
+    import cv2
+
+    failures = []
+    for name in _decoders(decoder):
+        frames = np.empty((end - start, resolution, resolution, 3), np.uint8)
+        try:
+            for position, frame in enumerate(_RGB_FRAMES[name](path, start, end)):
+                height, width = frame.shape[:2]
+                side = min(height, width)
+                top, left = (height - side) // 2, (width - side) // 2
+                square = frame[top : top + side, left : left + side]
+                frames[position] = cv2.resize(square, (resolution, resolution), interpolation=cv2.INTER_AREA)
+            return frames
+        except IngestError:
+            raise
+        except Exception as error:  # this decoder cannot read the file: the next one tries
+            failures.append(f"{name}: {type(error).__name__}: {error}")
+    raise IngestError(f"{path}: no video decoder could read it ({'; '.join(failures)})")
 
 
 def _low_dim(episode: Mapping, where: str, index: int) -> dict[str, np.ndarray]:
