@@ -9,9 +9,10 @@ The chunk files are checked at two depths:
   attribute; image frames are never allowed to be missing), a shard's index is intact (crc32c) and
   every committed frame's byte range lies inside the file, and a zstd chunk is one complete zstd
   frame of the chunk's size (block headers walked, nothing decompressed);
-- the deep check reads every committed value: every image frame decoded to the feature's shape,
-  every low-dim and point-cloud block decompressed (and low-dim floats finite), every metadata
-  column read.
+- the deep check reads every committed value: every image frame decoded to the feature's shape
+  (a video key group of pictures by group of pictures, each from its key frame with a fresh
+  decoder, so that random access is checked too), every low-dim and point-cloud block
+  decompressed (and low-dim floats finite), every metadata column read.
 
 Failures raise ``StoreError`` naming the array, the chunk file, the frames and the episode.
 """
@@ -314,6 +315,48 @@ def _locate_unreadable_frame(store: EpisodeStore, key: str, start: int, stop: in
             ) from None
 
 
+def _check_video_key(store: EpisodeStore, key: str, bar: Any) -> None:
+    """Decode every frame of a video image key, each group of pictures from its key frame with a
+    fresh decoder (what a random read does), checking the key frames where the gop puts them."""
+    from demoscale.datasets import video
+
+    path = f"data/{key}"
+    codec, options = store._image_codec_options(key)
+    gop = int(options["gop"])
+    shape = store.features[key].shape
+    decoder = video.PacketDecoder(codec, shape)
+    out = np.empty((gop, *shape), dtype=np.uint8)
+    starts, ends = store.episode_starts, store.episode_ends
+    step = max(gop, _DEEP_BLOCK_FRAMES // gop * gop)  # blocks of whole groups of pictures
+    for episode, (episode_start, episode_end) in enumerate(zip(starts.tolist(), ends.tolist(), strict=True)):
+        for block in range(episode_start, episode_end, step):
+            block_end = min(episode_end, block + step)
+            try:
+                packets = store._read_encoded_frames(key, np.arange(block, block_end))
+            except StoreError:
+                _locate_unreadable_frame(store, key, block, block_end)
+                raise
+            for first in range(block, block_end, gop):
+                last = min(block_end, first + gop)
+                run = [bytes(p) for p in packets[first - block : last - block]]
+                if not video.is_keyframe(run[0], codec):
+                    raise StoreError(
+                        f"{store.location}: {path} frame {first} (episode {episode}) is not a key frame "
+                        f"(gop {gop}): reads of its group of pictures cannot start there"
+                    )
+                decoder.reset()
+                try:
+                    decoder.decode_into(run, range(len(run)), out)
+                except video.PacketError as error:
+                    frame = first + error.position
+                    raise StoreError(
+                        f"{store.location}: {path} frame {frame} (episode {episode}) does not decode as "
+                        f"{codec} from its key frame at {first}: {error.reason} (the damage is in its packet or in one "
+                        "since that key frame)"
+                    ) from None
+            bar.update(block_end - block)
+
+
 def check_every_value(store: EpisodeStore, progress: bool = False) -> None:
     """The deep depth: decode every image frame, decompress every numeric block, read every column."""
     from demoscale.datasets import codecs
@@ -325,6 +368,9 @@ def check_every_value(store: EpisodeStore, progress: bool = False) -> None:
         for key, spec in store.features.items():
             path = f"data/{key}"
             codec = store._image_codec(key)
+            if spec.kind == "image" and codecs.is_video(codec):
+                _check_video_key(store, key, bar)
+                continue
             for start in range(0, n_frames, _DEEP_BLOCK_FRAMES):
                 stop = min(n_frames, start + _DEEP_BLOCK_FRAMES)
                 where = f"{store.location}: {path} {_describe(store, path, start, stop)}"

@@ -13,7 +13,7 @@ from typing import Any, Literal
 
 import numpy as np
 import zarr
-from demoscale.datasets import codecs
+from demoscale.datasets import codecs, video
 from zarr.core.dtype import VariableLengthBytes, VariableLengthUTF8
 
 FORMAT_NAME = "demoscale.episode_store"
@@ -22,6 +22,13 @@ FEATURE_KINDS = ("image", "low_dim", "point_cloud")
 STRING_COLUMNS = ("env_id", "object_id", "task", "operator", "source", "source_sha256", "tags")
 META_COLUMNS = (*STRING_COLUMNS, "length", "success")
 SUCCESS_UNKNOWN = -1
+
+# What the elements of a video image array are, for readers without this package (datasets/video.py).
+VIDEO_FRAME_BYTES = (
+    "one packet per frame ({codec}: {bitstream}); each episode is its own stream, with a key frame "
+    "carrying the stream headers at its first frame and every gop-th frame after it; no B-frames"
+)
+_BITSTREAMS = {"h264": "an H.264 access unit, Annex B", "av1": "an AV1 temporal unit of OBUs"}
 
 # Chunking targets: low-dim chunks of ~1 MiB, meta columns of 4096 episodes, image shards of 1000 frames.
 CHUNK_BYTES = 1 << 20
@@ -138,6 +145,11 @@ def build_layout(
     meta = root.create_group("meta")
     for key, spec in features.items():
         if spec.kind == "image":
+            attributes = {"codec": codec, "codec_options": options, "frame_shape": list(spec.shape)}
+            if codecs.is_video(codec):
+                attributes["frame_bytes"] = VIDEO_FRAME_BYTES.format(
+                    codec=codec, bitstream=_BITSTREAMS[codec]
+                )
             data.create_array(
                 key,
                 shape=(0,),
@@ -146,7 +158,7 @@ def build_layout(
                 dtype=VariableLengthBytes(),
                 serializer=VLenBytesCodec(),
                 compressors=[Crc32cCodec()],
-                attributes={"codec": codec, "codec_options": options, "frame_shape": list(spec.shape)},
+                attributes=attributes,
             )
         else:
             frame_bytes = max(1, frame_nbytes(spec))
@@ -204,13 +216,14 @@ def check_episode(
     features: Mapping[str, FeatureSpec],
     data: Mapping[str, Any],
     encoded: Mapping[str, Sequence[bytes]],
-    codec_of: Callable[[str], str],
+    codec_of: Callable[[str], tuple[str, Mapping[str, Any]]],
     where: str,
 ) -> tuple[int, dict[str, np.ndarray]]:
     """Check one episode offered for appending; return its length and its arrays in the spec's dtypes.
 
     ``encoded`` holds image keys given as already-encoded frames; ``codec_of(key)`` is the store's
-    codec of an image key. Raises StoreError naming ``where``, the key and, for NaNs, the frame.
+    codec of an image key and its options. Raises StoreError naming ``where``, the key and, for
+    NaNs, the frame.
     """
     unknown = sorted((set(data) | set(encoded)) - set(features))
     if unknown:
@@ -231,7 +244,7 @@ def check_episode(
     arrays: dict[str, np.ndarray] = {}
     for key, spec in features.items():
         if key in encoded:
-            _check_encoded_frames(key, spec, encoded[key], codec_of(key), where)
+            _check_encoded_frames(key, spec, encoded[key], *codec_of(key), where)
             continue
         value = np.asarray(data[key])
         if value.shape[1:] != spec.shape:
@@ -252,13 +265,21 @@ def check_episode(
 
 
 def _check_encoded_frames(
-    key: str, spec: FeatureSpec, frames: Sequence[bytes], codec: str, where: str
+    key: str, spec: FeatureSpec, frames: Sequence[bytes], codec: str, options: Mapping[str, Any], where: str
 ) -> None:
     """Every frame is bytes of the store's codec, and the first decodes to the spec's shape (a caller
-    handing over encoded frames checks the others, as the ingesters do)."""
+    handing over encoded frames checks the others, as the ingesters do). Video packets also have
+    their key frames where the store's gop puts them."""
     for t, frame in enumerate(frames):
         if not isinstance(frame, bytes | bytearray | memoryview | np.bytes_):
             raise StoreError(f"{where}: encoded frame {t} of {key!r} is {type(frame).__name__}, not bytes")
+    if codecs.is_video(codec):
+        try:
+            video.check_packets([bytes(f) for f in frames], codec, options, spec.shape)
+        except ValueError as error:
+            raise StoreError(f"{where}: encoded frames of {key!r}: {error}") from None
+        return
+    for t, frame in enumerate(frames):
         if not codecs.has_magic(bytes(frame), codec):
             raise StoreError(
                 f"{where}: encoded frame {t} of {key!r} is not {codec} (the store's codec for this key)"

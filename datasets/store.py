@@ -36,7 +36,7 @@ from typing import Any, Literal, NamedTuple
 import numpy as np
 import pandas as pd
 import zarr
-from demoscale.datasets import codecs
+from demoscale.datasets import codecs, video
 from demoscale.datasets.locking import try_writer_lock, writer_lock
 from demoscale.datasets.schema import (
     CHUNK_BYTES,
@@ -188,6 +188,9 @@ class EpisodeStore:
         self._cleaned = False
         self._shard_readers: dict[str, LocalShardReader | None] = {}
         self._shard_writers: dict[str, LocalShardWriter | None] = {}
+        # Per video image key: (process id, its reader). A forked DataLoader worker gets a copy of
+        # this handle; its decoders and caches are made again in the worker, not shared.
+        self._video_readers: dict[str, tuple[int, video.VideoKeyReader]] = {}
         self._staged: _Staged | None = None
         self._refresh()
 
@@ -205,23 +208,27 @@ class EpisodeStore:
     ) -> EpisodeStore:
         """Create an empty store at a local directory (or a writable fsspec URL).
 
-        ``image_codec`` is ``"jpeg"`` (default), ``"png"`` (lossless) or ``"jpegxl"``;
-        ``image_codec_options`` go to the imagecodecs encoder (e.g. ``{"level": 95}``).
+        ``image_codec`` is ``"jpeg"`` (default), ``"png"`` (lossless) or ``"jpegxl"``, each frame
+        an image; or ``"h264"`` / ``"av1"``, each episode a video (RGB keys only; see
+        ``datasets/video.py``). ``image_codec_options`` go to the encoder: imagecodecs' (e.g.
+        ``{"level": 95}``), or for video ``crf``, ``gop`` (the key-frame interval) and ``preset``.
         A local store is built under a temporary name beside ``location`` and renamed into place,
         so a creator killed at any moment leaves either no store or a complete empty one.
         """
         location = os.fspath(location)
         try:
             codec = codecs.check_codec(image_codec)
+            options = codecs.codec_options(codec, image_codec_options)
         except ValueError as error:
             raise StoreError(f"{location}: {error}") from None
-        options = codecs.codec_options(codec, image_codec_options)
         if not features:
             raise StoreError(f"{location}: a store needs at least one feature")
         features = as_feature_specs(features)
         for key in features:
             if not key or "/" in key or key.startswith("."):
                 raise StoreError(f"{location}: invalid feature key {key!r}")
+        if codecs.is_video(codec):
+            _check_video_store(location, codec, features)
         layout = (features, codec, options, int(image_shard_frames))
         local = local_path(location)
         if local is None:
@@ -454,6 +461,44 @@ class EpisodeStore:
         """The codec of image key ``key`` (its array's attribute; the store's for older stores)."""
         return self._array(f"data/{key}").attrs.get("codec", self.image_codec)
 
+    def _image_codec_options(self, key: str) -> tuple[str, dict[str, Any]]:
+        """The codec of image key ``key`` and its encoder options."""
+        attrs = self._array(f"data/{key}").attrs
+        return attrs.get("codec", self.image_codec), dict(
+            attrs.get("codec_options", self.image_codec_options)
+        )
+
+    def _video_reader(self, key: str) -> video.VideoKeyReader:
+        held = self._video_readers.get(key)
+        if held is None or held[0] != os.getpid():
+            codec, options = self._image_codec_options(key)
+            held = (os.getpid(), video.VideoKeyReader(codec, options, self.features[key].shape))
+            self._video_readers[key] = held
+        return held[1]
+
+    def _read_video(self, key: str, frames: np.ndarray) -> np.ndarray:
+        """Decoded frames of a video image key at sorted unique global indices."""
+        reader = self._video_reader(key)
+        try:
+            return reader.read(
+                frames,
+                self.episode_starts,
+                self._episode_ends,
+                lambda wanted: self._read_encoded_frames(key, wanted),
+            )
+        except ValueError as error:
+            raise StoreError(
+                f"{self.location}: data/{key} {error} (`demoscale store validate --deep` checks every frame)"
+            ) from None
+
+    def video_packets_decoded(self, key: str) -> int:
+        """How many packets of video image key ``key`` this handle has decoded in this process (0 for
+        other keys): what random access costs, for benchmarks and tests (a frame decodes from its
+        key frame on, so a random frame costs at most ``gop`` packets)."""
+        self._check_key(key)
+        held = self._video_readers.get(key)
+        return held[1].decoded_packets if held is not None and held[0] == os.getpid() else 0
+
     def _decode_images(self, key: str, encoded: np.ndarray) -> np.ndarray:
         spec = self.features[key]
         codec = self._image_codec(key)
@@ -474,12 +519,15 @@ class EpisodeStore:
         if spec.kind == "image":
             if stop == start:
                 return np.empty((0, *spec.shape), dtype=np.uint8)
+            if codecs.is_video(self._image_codec(key)):
+                return self._read_video(key, np.arange(start, stop))
             return self._decode_images(key, self._read_encoded_frames(key, np.arange(start, stop)))
         with self._reading(key, slice(start, stop)):
             return np.asarray(self._array(f"data/{key}")[start:stop])
 
     def read_encoded(self, key: str, start: int, stop: int) -> list[bytes]:
-        """The stored (encoded) bytes of image frames ``start:stop`` of ``key``."""
+        """The stored (encoded) bytes of image frames ``start:stop`` of ``key`` (for a video key, the
+        frames' packets: a frame decodes together with those from its key frame on)."""
         spec = self._check_key(key)
         if spec.kind != "image":
             raise StoreError(f"{self.location}: {key!r} is not an image key")
@@ -499,6 +547,8 @@ class EpisodeStore:
         if len(unique) == 0:
             return np.empty((0, *spec.shape), dtype=np.uint8 if spec.kind == "image" else spec.dtype)
         if spec.kind == "image":
+            if codecs.is_video(self._image_codec(key)):
+                return self._read_video(key, unique)[inverse]
             encoded = self._read_encoded_frames(key, unique)
             return self._decode_images(key, encoded[inverse])
         array = self._array(f"data/{key}")
@@ -589,7 +639,7 @@ class EpisodeStore:
         if not self.writable:
             raise StoreError(f"{self.location}: opened read-only; open with mode='a' to append")
         encoded = dict(encoded or {})
-        length, arrays = check_episode(self.features, data, encoded, self._image_codec, where)
+        length, arrays = check_episode(self.features, data, encoded, self._image_codec_options, where)
         row: dict[str, Any] = {
             "env_id": _as_str(env_id),
             "object_id": _as_str(object_id),
@@ -719,11 +769,9 @@ class EpisodeStore:
             if key in encoded:
                 frames = [bytes(b) for b in encoded[key]]
             else:
-                array = self._array(f"data/{key}")
-                codec = array.attrs.get("codec", self.image_codec)
-                options = dict(array.attrs.get("codec_options", self.image_codec_options))
+                codec, options = self._image_codec_options(key)
                 try:
-                    frames = [codecs.encode_frame(frame, codec, options) for frame in arrays[key]]
+                    frames = codecs.encode_frames(arrays[key], codec, options)
                 except Exception as error:
                     raise StoreError(f"{where}: cannot encode {key!r} as {codec} ({error})") from None
             blob = np.empty(len(frames), dtype=object)
@@ -827,6 +875,7 @@ class EpisodeStore:
         self._arrays.clear()
         self._shard_readers.clear()
         self._shard_writers.clear()
+        self._video_readers.clear()
         self._refresh()
 
     # ------------------------------------------------------------------ statistics
@@ -980,6 +1029,19 @@ class EpisodeStore:
 
     def __repr__(self) -> str:
         return f"EpisodeStore({self.location!r}, n_episodes={self.n_episodes}, n_frames={self.n_frames})"
+
+
+def _check_video_store(location: str, codec: str, features: Mapping[str, FeatureSpec]) -> None:
+    """A video codec stores RGB frames, and PyAV here must have its encoder and decoder."""
+    problem = video.codec_problem(codec)
+    if problem is not None:
+        raise StoreError(f"{location}: image codec {codec}: {problem}")
+    for key, spec in features.items():
+        if spec.kind == "image" and (len(spec.shape) != 3 or spec.shape[2] != 3):
+            raise StoreError(
+                f"{location}: image codec {codec} stores RGB (H, W, 3) frames; {key!r} is {spec.shape} "
+                "(store it in a jpeg or png store)"
+            )
 
 
 def sha256_of(path: str | os.PathLike[str], chunk_bytes: int = 1 << 20) -> str:
