@@ -21,8 +21,8 @@ from torch.utils.data import DataLoader
 
 CODECS = ["h264", "av1"]
 # PSNR floors of a round trip of the small camera-like frames below at each codec's default crf, by
-# frame shape. Measured: h264 30.0 / 26.3 dB, av1 31.2 / 26.7 dB (per-frame JPEG q90 on the same
-# frames: 31.9 / 28.6 dB; at 96x96 the three give 36.5, 37.6 and 39.1 dB). The sharp coloured block
+# frame shape. Measured: h264 30.2 / 26.4 dB, av1 31.4 / 26.8 dB (per-frame JPEG q90 on the same
+# frames: 31.9 / 28.6 dB; at 96x96 the three give 37.2, 38.3 and 39.1 dB). The sharp coloured block
 # at this size is what 4:2:0 colour (and JPEG's) loses most on; the floors leave ~1.5 dB for other
 # encoder builds.
 PSNR_FLOOR_DB = {(32, 48): 28.5, (27, 37): 25.0}
