@@ -26,6 +26,7 @@ TASKS: dict[str, str] = {
     "push": "demoscale.eval.tabletop.tasks:PUSH",
     "pick_place": "demoscale.eval.tabletop.tasks:PICK_PLACE",
     "fetch_shelf": "demoscale.eval.wholebody.tasks:FETCH_SHELF",
+    "touch_shelf": "demoscale.eval.wholebody.tasks:TOUCH_SHELF",
     "pusht": "demoscale.eval.pusht:PUSHT",
 }
 

@@ -4,6 +4,6 @@
 - :mod:`.env`: :class:`~demoscale.eval.wholebody.env.WholeBodyEnv` (observations with store keys,
   fused point clouds from rendered depth);
 - :mod:`.expert`: the scripted expert (damped-least-squares IK on MuJoCo Jacobians);
-- :mod:`.tasks`: the ``fetch_shelf`` registry entry and the JoyLo recording writer;
+- :mod:`.tasks`: the ``fetch_shelf`` and ``touch_shelf`` registry entries and the JoyLo recording writer;
 - :mod:`.bench`: physics and rendering throughput.
 """

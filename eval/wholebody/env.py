@@ -22,9 +22,11 @@ import numpy as np
 from demoscale.eval.rendering import load_triton_first
 from demoscale.eval.wholebody.pointcloud import backproject, sample_fixed
 from demoscale.eval.wholebody.scene import (
+    SceneParams,
     build_mjcf,
     object_params,
     scene_params,
+    touch_scene_params,
 )
 
 CONTROL_HZ = 10.0
@@ -32,6 +34,7 @@ TORSO_JOINTS = ("torso_lift", "torso_pitch1", "torso_pitch2", "torso_yaw")
 ARM_JOINTS = {side: tuple(f"{side}_arm_j{i}" for i in range(1, 7)) for side in ("left", "right")}
 CAMERAS = ("head", "left_wrist", "right_wrist")
 STAGES = ("reach_shelf", "grasp", "carry_to_table", "place")
+TOUCH_STAGES = ("at_shelf", "torso_at_height", "touch")
 # Arms folded in front of the chest, clear of the shelf while driving.
 TUCKED_ARM = {
     "left": np.array([1.3, -0.5, 0.0, -2.5, 0.0, 1.2]),
@@ -76,10 +79,16 @@ class WholeBodyEnv:
     task = "fetch_shelf"
     n_stages = len(STAGES)
     action_dim = 21
+    start_right_gripper_mm = 80.0  # open, ready to grasp
+
+    @staticmethod
+    def scene_for(env_id: int) -> SceneParams:
+        """The procedural scene of ``env_id`` for this task."""
+        return scene_params(env_id)
 
     def __init__(self, env_id: int, object_id: int, config: WholeBodyConfig | None = None) -> None:
         self.config = config or WholeBodyConfig()
-        self.scene = scene_params(env_id)
+        self.scene = self.scene_for(env_id)
         self.object = object_params(object_id)
         self.env_id, self.object_id = self.scene.env_id, self.object.object_id
         self.max_steps = self.config.max_steps
@@ -127,7 +136,7 @@ class WholeBodyEnv:
         data.qpos[obj + 3 : obj + 7] = [np.cos(yaw / 2), 0, 0, np.sin(yaw / 2)]
         start = np.zeros(self.action_dim)
         start[7:13], start[14:20] = TUCKED_ARM["left"], TUCKED_ARM["right"]
-        start[13], start[20] = 0.0, 80.0  # the left hand stays closed and tucked in this task
+        start[13], start[20] = 0.0, self.start_right_gripper_mm  # the left hand stays closed and tucked
         for side, offset in (("left", 7), ("right", 14)):
             for name, value in zip(ARM_JOINTS[side], start[offset : offset + 6], strict=True):
                 data.qpos[self._qpos[name]] = value
@@ -146,7 +155,7 @@ class WholeBodyEnv:
         """Apply one 0.1 s control step of a 21-dim whole-body action; returns the next observation."""
         action = np.asarray(action, np.float64).reshape(-1)
         if action.shape != (self.action_dim,) or not np.all(np.isfinite(action)):
-            raise ValueError(f"fetch_shelf expects a finite action of shape (21,), got {action.shape}")
+            raise ValueError(f"{self.task} expects a finite action of shape (21,), got {action.shape}")
         self._apply(action)
         mujoco.mj_step(self.model, self.data, nstep=self.config.substeps)
         self.steps += 1
@@ -383,3 +392,77 @@ class WholeBodyEnv:
         if self._renderer is not None:
             self._renderer.close()
             self._renderer = None
+
+
+class TouchShelfEnv(WholeBodyEnv):
+    """One (environment, object) pair of ``touch_shelf``: drive to the shelf, set the torso to the
+    board's height, touch the object on the board with a hand.
+
+    The scene is :func:`~demoscale.eval.wholebody.scene.touch_scene_params` (a nearer shelf, a
+    higher board). Stages (latched, in order): the base stands in front of the shelf (within
+    :data:`AT_SHELF_DEPTH` of its front edge, within :data:`AT_SHELF_LATERAL` of its centre line);
+    the right shoulder is :data:`SHOULDER_ABOVE_BOARD` above the board; a hand (palm or finger)
+    touches the object while it still stands on the board (= success, which stays reached).
+    """
+
+    task = "touch_shelf"
+    n_stages = len(TOUCH_STAGES)
+    start_right_gripper_mm = 0.0  # closed: the fingertips touch, and the wrist stays off the shelf
+
+    @staticmethod
+    def scene_for(env_id: int) -> SceneParams:
+        return touch_scene_params(env_id)
+
+    def __init__(self, env_id: int, object_id: int, config: WholeBodyConfig | None = None) -> None:
+        super().__init__(env_id, object_id, config)
+        model = self.model
+        bodies = [f"{side}_{part}" for side in ("left", "right") for part in ("hand", "finger_a", "finger_b")]
+        self._hand_geoms = {
+            geom for geom in range(model.ngeom) if model.body(int(model.geom_bodyid[geom])).name in bodies
+        }
+        self._shoulder_body = model.body("right_shoulder").id
+
+    def shoulder_above_board(self) -> float:
+        """Height of the right shoulder above the object's board (m)."""
+        return float(self.data.xpos[self._shoulder_body][2] - self.scene.shelf_height)
+
+    def hand_touches_object(self) -> bool:
+        """Whether a palm or finger geom of either hand is in contact with the object."""
+        for contact in self.data.contact[: self.data.ncon]:
+            pair = (contact.geom1, contact.geom2)
+            if self._object_geom in pair and (pair[0] in self._hand_geoms or pair[1] in self._hand_geoms):
+                return True
+        return False
+
+    def _object_on_board(self) -> bool:
+        position = self.object_position()
+        upright = self.data.xmat[self._object_body][8] > 0.9
+        return bool(abs(position[2] - self.object_start[2]) < 0.02 and upright)
+
+    def _update_stages(self) -> None:
+        x, y, _ = self.base_pose()
+        scene = self.scene
+        at_shelf = scene.shelf_x - x < AT_SHELF_DEPTH and abs(y - scene.shelf_y) < AT_SHELF_LATERAL
+        low, high = SHOULDER_ABOVE_BOARD
+        at_height = low <= self.shoulder_above_board() <= high
+        touching = self.hand_touches_object() and self._object_on_board()
+        for index, reached_now in enumerate((at_shelf, at_height, touching)):
+            if reached_now and all(self._stages[:index]):
+                self._stages[index] = True
+
+    def success(self) -> bool:
+        """The hand has touched the standing object with the base at the shelf and the torso at height."""
+        return bool(self._stages[-1])
+
+    def expert(self, seed: int):
+        """The scripted expert for the current episode (call after :meth:`reset`)."""
+        from demoscale.eval.wholebody.expert import TouchShelfExpert
+
+        return TouchShelfExpert(self, seed)
+
+
+# touch_shelf stage thresholds (see TouchShelfEnv): base centre to the shelf's front edge (m), base
+# centre to the shelf's centre line (m), right shoulder above the board (m).
+AT_SHELF_DEPTH = 0.6
+AT_SHELF_LATERAL = 0.45
+SHOULDER_ABOVE_BOARD = (0.05, 0.35)

@@ -282,3 +282,71 @@ class FetchShelfExpert:
         self.done = True
         while True:
             yield from self._hold(1)
+
+
+FINGERTIP_AHEAD_OF_GRIP = 0.025  # closed fingertips ahead of the grasp point (m; fingers end 0.13 m out)
+
+
+class TouchShelfExpert(FetchShelfExpert):
+    """Scripted demonstrator of ``touch_shelf``: drive to the shelf while raising the torso to the
+    board, bring the closed right hand in front of the object, move in until the fingertips meet
+    it (touching with the fingertips keeps the wrist and forearm outside the shelf, clear of the
+    board's edge). The episode's variation is :class:`FetchShelfExpert`'s (speeds, stand-off,
+    lateral offset, lean, shoulder height above the hand, heading, hesitations) plus where on the
+    object's height the hand meets it and how far past its front face the motion aims.
+
+    ``done`` turns true at the step the hand touches the object (the task's success), so a
+    recorded episode ends there, as a rollout does.
+    """
+
+    def __init__(self, env: WholeBodyEnv, seed: int) -> None:
+        super().__init__(env, seed)
+        # Low on the object (a fraction of its height), so that a tall, narrow one is not tipped over.
+        self.touch_height = self.rng.uniform(0.3, 0.5)
+        self.reach_past = self.rng.uniform(0.01, 0.025)  # fingertip aim behind the object's face (m)
+        self.approach = self.rng.uniform(0.08, 0.11)  # fingertips ahead of the face before moving in (m)
+        self._script = self._run()
+
+    @property
+    def done(self) -> bool:
+        return bool(self.env.success())
+
+    @done.setter
+    def done(self, value: bool) -> None:
+        # FetchShelfExpert's end-of-script flag; this task ends when the hand touches the object.
+        pass
+
+    def _run(self) -> Iterator[np.ndarray]:
+        env, scene, obj = self.env, self.env.scene, self.env.object
+        obj_pos = env.object_position()
+        # The object's extent along x (a box may stand turned about z), so the hand aims at its face.
+        rotation = env.data.xmat[env._object_body].reshape(3, 3)
+        half_x = abs(rotation[0, 0]) * obj.half_depth + abs(rotation[0, 1]) * obj.half_width
+        face = obj_pos[0] - half_x
+        board = scene.shelf_height
+        # The palm is 5 cm tall: keep its lower edge above the board.
+        height = board + max(0.03, self.touch_height * 2 * obj.half_height)
+        touch = np.array([face - FINGERTIP_AHEAD_OF_GRIP + self.reach_past, obj_pos[1], height])
+        yaw = self.yaw_offset
+        heading = _yaw_matrix(yaw)
+
+        # 1. Drive to the shelf while raising and bending the torso to the board's height.
+        torso_shelf = self._torso_for(touch[2])
+        shoulder_forward = 0.12 * np.sin(self.lean)
+        base_goal = np.zeros(3)
+        base_goal[:2] = touch[:2] - heading[:2, :2] @ np.array(
+            [self.standoff + shoulder_forward, -SHOULDER_Y - self.lateral]
+        )
+        base_goal[2] = yaw
+        yield from self._drive(base_goal, torso_shelf)
+        yield from self._pause()
+
+        # 2. Bring the closed hand in front of the object, then move in until it touches.
+        back = heading[:, 0]
+        ahead = touch - (self.approach + self.reach_past) * back
+        yield from self._move_hand(ahead, yaw, 1.5)
+        yield from self._pause()
+        # Slowly (about 7 cm/s at the end): a quick tap tips a narrow object over within one step.
+        yield from self._move_hand(touch, yaw, 1.6)
+        while True:
+            yield from self._hold(1)

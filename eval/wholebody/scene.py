@@ -18,7 +18,7 @@ Robot layout (names used by the environment and the expert):
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 from demoscale.eval.ids import check_id
@@ -111,6 +111,26 @@ def scene_params(env_id: int) -> SceneParams:
         table_rgb=_rgb(rng, 0.2, 0.8),
         clutter=tuple(clutter),
         head_tilt=float(rng.uniform(0.45, 0.6)),
+    )
+
+
+# touch_shelf: the shelf's front edge (m ahead of the start) and the object's board height (m).
+# Nearer than fetch_shelf's shelf, so that an episode stays short; higher, so that the torso must
+# rise by 0.25-0.55 m to bring the shoulder above the board (at lift 0 it is at or below it).
+TOUCH_SHELF_X = (1.0, 1.3)
+TOUCH_SHELF_HEIGHT = (0.8, 1.15)
+
+
+def touch_scene_params(env_id: int) -> SceneParams:
+    """The ``touch_shelf`` scene of ``env_id``: the room, table and clutter of :func:`scene_params`,
+    with the shelf's position and board height drawn from the ``touch_shelf`` ranges."""
+    scene = scene_params(env_id)
+    rng = np.random.default_rng([scene.env_id, 7302])
+    return replace(
+        scene,
+        shelf_x=float(rng.uniform(*TOUCH_SHELF_X)),
+        shelf_y=float(rng.uniform(-0.3, 0.3)),
+        shelf_height=float(rng.uniform(*TOUCH_SHELF_HEIGHT)),
     )
 
 

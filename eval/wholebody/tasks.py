@@ -1,9 +1,17 @@
-"""The whole-body task ``fetch_shelf`` as a registry entry, and its JoyLo recording writer.
+"""The whole-body tasks ``fetch_shelf`` and ``touch_shelf`` as registry entries, and their JoyLo
+recording writer.
 
 ``fetch_shelf``: drive the mobile base to a shelf, raise and bend the torso to the board's height
 (it varies with the environment), grasp the object with the right hand, carry it to a table and
 place it there. Stages: base at the shelf; object lifted off the board in the hand; object carried
 over the table; object resting on the table, released (= success).
+
+``touch_shelf``: the first half of that, short enough to learn on a laptop (at most 150 control
+steps; the expert takes about 60): drive to a nearer shelf, raise the torso to a higher board
+(0.8-1.15 m, with the environment), touch the object on it with a hand. Stages: base at the shelf;
+shoulder at the board's height; hand touching the standing object (= success). Its point cloud
+leaves the floor out of the crop box and keeps 512 points, most of them on the shelf, the object
+and the arms.
 
 Recordings are raw JoyLo files (one HDF5 per episode, docs/formats.md section 4) written with
 :func:`demoscale.collect.joylo.write_joylo_episode`, so ``demoscale ingest joylo`` takes them in.
@@ -12,14 +20,55 @@ Recordings are raw JoyLo files (one HDF5 per episode, docs/formats.md section 4)
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
+from functools import partial
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 from demoscale.eval.tasks import TaskDefinition
-from demoscale.eval.wholebody.env import STAGES, WholeBodyConfig, WholeBodyEnv
+from demoscale.eval.wholebody.env import (
+    STAGES,
+    TOUCH_STAGES,
+    TouchShelfEnv,
+    WholeBodyConfig,
+    WholeBodyEnv,
+)
 
 _CONFIG_FIELDS = set(WholeBodyConfig.__dataclass_fields__)
+
+# touch_shelf's observations and episode length where its options do not say otherwise.
+TOUCH_SHELF_DEFAULTS: dict[str, Any] = {
+    "max_steps": 150,
+    "n_points": 512,
+    # Base frame (m): the shelf is at most 1.9 m ahead and 0.8 m aside; z from 3 cm leaves the floor
+    # (a fifth of fetch_shelf's points) out, so the points fall on the shelf, the object, the arms.
+    "crop_min": (-0.3, -1.2, 0.03),
+    "crop_max": (2.0, 1.2, 2.0),
+}
+
+
+def _make_env(
+    task: str,
+    env_class: type[WholeBodyEnv],
+    defaults: Mapping[str, Any],
+    env_id: int,
+    object_id: int,
+    image_size: int,
+    render: bool,
+    options: Mapping[str, Any],
+) -> WholeBodyEnv:
+    options = {**defaults, **options}
+    if not render:
+        options = {**options, "cameras": (), "point_cloud_cameras": ()}
+    unknown = set(options) - _CONFIG_FIELDS
+    if unknown:
+        raise TypeError(
+            f"unknown {task} options {sorted(unknown)}; expected some of {sorted(_CONFIG_FIELDS)}"
+        )
+    for key in ("cameras", "point_cloud_cameras", "crop_min", "crop_max"):
+        if key in options:
+            options[key] = tuple(options[key])
+    return env_class(env_id, object_id, WholeBodyConfig(image_size=image_size, **options))
 
 
 def make_fetch_shelf_env(
@@ -29,17 +78,17 @@ def make_fetch_shelf_env(
 
     ``render=False`` turns every camera off (no images, no point cloud): physics and expert only.
     """
-    if not render:
-        options = {**options, "cameras": (), "point_cloud_cameras": ()}
-    unknown = set(options) - _CONFIG_FIELDS
-    if unknown:
-        raise TypeError(
-            f"unknown fetch_shelf options {sorted(unknown)}; expected some of {sorted(_CONFIG_FIELDS)}"
-        )
-    for key in ("cameras", "point_cloud_cameras", "crop_min", "crop_max"):
-        if key in options:
-            options[key] = tuple(options[key])
-    return WholeBodyEnv(env_id, object_id, WholeBodyConfig(image_size=image_size, **options))
+    return _make_env("fetch_shelf", WholeBodyEnv, {}, env_id, object_id, image_size, render, options)
+
+
+def make_touch_shelf_env(
+    env_id: int, object_id: int, image_size: int = 96, render: bool = True, **options: Any
+) -> WholeBodyEnv:
+    """A ``touch_shelf`` environment; ``options`` are :class:`WholeBodyConfig` fields, defaulting to
+    :data:`TOUCH_SHELF_DEFAULTS`. ``render=False``: physics and expert only, as for ``fetch_shelf``."""
+    return _make_env(
+        "touch_shelf", TouchShelfEnv, TOUCH_SHELF_DEFAULTS, env_id, object_id, image_size, render, options
+    )
 
 
 def _rotate_yaw(orientation_xyzw: np.ndarray, vectors: np.ndarray) -> np.ndarray:
@@ -112,10 +161,11 @@ def write_joylo_demos(
     episodes: Sequence[Mapping[str, np.ndarray]],
     rate_hz: float = 10.0,
     capture: Mapping[str, Any] | None = None,
+    task: str = "fetch_shelf",
 ) -> list[Path]:
     """Write each episode as ``episode_<k>.h5`` (raw JoyLo) in ``directory``; numbering continues
     after files already there, so repeated calls add episodes. ``capture`` (image key -> what
-    rendered it) goes into the file attribute ``capture`` as JSON."""
+    rendered it) goes into the file attribute ``capture`` as JSON; ``task`` into ``task``."""
     import json
 
     from demoscale.collect.joylo import write_joylo_episode
@@ -128,7 +178,7 @@ def write_joylo_demos(
     index = max(taken, default=-1) + 1
     paths = []
     for episode in episodes:
-        attrs = {"record_freq": float(rate_hz), "robot": "galaxea_r1_sim", "task": "fetch_shelf"}
+        attrs = {"record_freq": float(rate_hz), "robot": "galaxea_r1_sim", "task": task}
         for sensor in ("joint_state", "gripper_state", "odom", "point_cloud", "rgb"):
             attrs[f"{sensor}_freq"] = float(rate_hz)
         if capture:
@@ -159,4 +209,27 @@ FETCH_SHELF = TaskDefinition(
     n_stages=len(STAGES),
     description="drive to a shelf, raise the torso, grasp the object, place it on a table (whole body, JoyLo)",
     extras={"source_format": "joylo", "stages": STAGES},
+)
+
+
+TOUCH_SHELF = TaskDefinition(
+    name="touch_shelf",
+    family="wholebody",
+    make_env=make_touch_shelf_env,
+    write_demos=partial(write_joylo_demos, task="touch_shelf"),
+    low_dim_features={
+        "proprio": (21,),
+        "odom_base_velocity": (3,),
+        "odom_position": (3,),
+        "odom_orientation": (4,),
+        "pointcloud_xyz": (TOUCH_SHELF_DEFAULTS["n_points"], 3),
+        "pointcloud_rgb": (TOUCH_SHELF_DEFAULTS["n_points"], 3),
+        "pointcloud_mask": (TOUCH_SHELF_DEFAULTS["n_points"],),
+    },
+    image_keys=("head_rgb",),
+    action_dim=21,
+    max_steps=TOUCH_SHELF_DEFAULTS["max_steps"],
+    n_stages=len(TOUCH_STAGES),
+    description="drive to a shelf, raise the torso to the board, touch the object (whole body, JoyLo)",
+    extras={"source_format": "joylo", "stages": TOUCH_STAGES},
 )

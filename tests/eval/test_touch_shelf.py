@@ -1,0 +1,103 @@
+"""Whole-body touch_shelf: procedural ids, staged score, the expert on both splits, JoyLo recordings."""
+
+from __future__ import annotations
+
+import h5py
+import numpy as np
+import pytest
+from demoscale.eval import IdRangeError, get_task, make_env
+from demoscale.eval.collect_sim import run_expert_episode
+from demoscale.eval.ids import env_id, object_id
+from demoscale.eval.wholebody.env import SHOULDER_ABOVE_BOARD, TOUCH_STAGES
+from demoscale.eval.wholebody.scene import TOUCH_SHELF_HEIGHT, scene_params, touch_scene_params
+
+NO_RENDER = {"render": False}
+
+
+def test_scenes_follow_the_ids_and_need_the_torso() -> None:
+    assert touch_scene_params(5) == touch_scene_params(5)
+    scenes = [touch_scene_params(i) for i in range(20)]
+    heights = [scene.shelf_height for scene in scenes]
+    assert max(heights) - min(heights) > 0.25  # the board height varies with the environment
+    assert all(TOUCH_SHELF_HEIGHT[0] <= h <= TOUCH_SHELF_HEIGHT[1] for h in heights)
+    # The room (colours, light, clutter) is the environment's fetch_shelf room.
+    room = scene_params(5)
+    assert (touch_scene_params(5).floor_rgb, touch_scene_params(5).clutter) == (room.floor_rgb, room.clutter)
+    for bad in (-1, 10_000, 1_010_000):
+        with pytest.raises(IdRangeError):
+            touch_scene_params(bad)
+    # At the start (torso lift 0) the shoulder is not yet at the board's height: the torso must rise.
+    env = make_env("touch_shelf", 2, 0, **NO_RENDER)
+    assert env.shoulder_above_board() < SHOULDER_ABOVE_BOARD[0]
+
+
+def test_stages_count_in_order() -> None:
+    definition = get_task("touch_shelf")
+    assert definition.family == "wholebody" and definition.max_steps <= 150
+    assert definition.extras["stages"] == TOUCH_STAGES and definition.n_stages == 3
+    env = definition.make_env(4, 1, **NO_RENDER)
+    env.reset(0)
+    action = env.last_action.copy()
+    action[3] = 0.54  # torso all the way up while the base stays at the start
+    for _ in range(20):
+        env.step(action)
+    assert SHOULDER_ABOVE_BOARD[0] <= env.shoulder_above_board()
+    assert env.stages() == [False, False, False] and env.score() == 0.0  # the base never reached the shelf
+    assert not env.success()
+
+
+@pytest.mark.parametrize("split,k", [("train", 3), ("unseen", 7)])  # 50 episodes each: the slow test below
+def test_expert_touches_the_object(split: str, k: int) -> None:
+    env = get_task("touch_shelf").make_env(env_id(split, k), object_id(split, k), **NO_RENDER)
+    episode, success = run_expert_episode(env, seed=k)
+    assert success and env.stages() == [True] * 3 and env.score() == 1.0
+    assert env.hand_touches_object()  # the episode ends at the touch
+    actions = episode["action"]
+    assert actions.shape[1] == 21 and len(actions) <= 100
+    assert np.abs(actions[:, 0]).max() > 0.2  # the base drove
+    assert actions[:, 3].max() > 0.2  # the torso rose
+    assert np.abs(actions[-1, 14:20] - actions[0, 14:20]).max() > 0.3  # the right arm reached
+
+
+def test_recording_is_joylo_with_point_clouds_and_ingests(tmp_path) -> None:
+    from demoscale.collect.joylo import ingest_joylo
+    from demoscale.datasets import EpisodeStore
+    from demoscale.eval import collect_sim
+
+    result = collect_sim("touch_shelf", 1, 1, 1, tmp_path / "raw", image_size=48, progress=False)
+    assert result.n_demos == 1 and result.expert_success_rate == 1.0
+    (path,) = sorted((tmp_path / "raw" / "touch_shelf" / "env_0" / "object_0").glob("*.h5"))
+    frames = result.pairs[0].frames
+    with h5py.File(path, "r") as file:
+        assert file.attrs["task"] == "touch_shelf" and file.attrs["record_freq"] == 10.0
+        assert file["obs/point_cloud/fused/xyz"].shape == (frames, 512, 3)
+        assert file["obs/point_cloud/fused/padding_mask"].dtype == bool
+        assert file["obs/joint_state/torso/joint_position"].shape == (frames, 4)
+        assert file["action/mobile_base"].shape == (frames, 3)
+        assert file["action/right_gripper"].shape == (frames,)
+    ingest_joylo(tmp_path / "raw", tmp_path / "store.zarr", progress=False)
+    store = EpisodeStore.open(tmp_path / "store.zarr")
+    assert store.n_episodes == 1 and store.n_frames == frames
+    assert store.episodes.iloc[0]["task"] == "touch_shelf"
+    episode = store.episode(0)
+    assert episode["action"].shape == (frames, 21) and episode["pointcloud_xyz"].shape[1:] == (512, 3)
+    # The floor is outside touch_shelf's crop box: the points lie on the shelf, the object, the arms.
+    points = episode["pointcloud_xyz"][episode["pointcloud_mask"]]
+    assert points[:, 2].min() >= 0.03 - 1e-5
+    assert store.features["head_rgb"].source == {
+        "task": "touch_shelf", "camera": "head", "image_size": 48, "env_options": {}
+    }  # fmt: skip
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("split", ["train", "unseen"])
+def test_expert_success_rate_over_fifty_episodes(split: str) -> None:
+    task = get_task("touch_shelf")
+    successes, lengths = 0, []
+    for k in range(50):
+        env = task.make_env(env_id(split, k), object_id(split, (7 * k) % 50), **NO_RENDER)
+        episode, success = run_expert_episode(env, seed=k)
+        successes += success
+        lengths.append(len(episode["action"]))
+    assert successes >= 45, f"expert succeeded in {successes}/50 {split} episodes"
+    assert max(lengths) <= task.max_steps + 1
