@@ -4,13 +4,15 @@ An ingest runs in two phases. First every source file is found (a file, or a dir
 the format's patterns), given its env/object/task ids, read and validated as a whole by the format's
 ``plan`` and turned into a list of :class:`EpisodePlan` (one per episode, with its content hash);
 any problem raises :class:`IngestError` before the store is touched (or even created). Then the
-planned episodes are loaded by the format's ``load`` (in worker processes when ``workers > 1``) and
-appended to the store in order by this process, as one locked store transaction; episodes whose
-content hash the store already holds are skipped without being loaded.
+planned episodes are loaded by the format's ``load`` (in worker processes when ``workers > 1``, or
+as Ray tasks on a cluster with ``address``) and appended to the store in order by this process, as
+one locked store transaction; episodes whose content hash the store already holds are skipped
+without being loaded.
 """
 
 from __future__ import annotations
 
+import itertools
 import os
 import shutil
 import time
@@ -104,7 +106,9 @@ def ingest(
     manifest: str | os.PathLike | None = None,
     max_episodes: int | None = None,
     image_codec: str | None = None,
+    image_codec_options: dict[str, Any] | None = None,
     workers: int = 1,
+    address: str | None = None,
     dry_run: bool = False,
     progress: bool = True,
     lock_timeout: float | None = None,
@@ -117,9 +121,13 @@ def ingest(
     :class:`SourceFormat`; ``options`` an instance of its ``options_type`` (default: its defaults).
     ``env_id``, ``object_id``, ``task`` and ``operator`` label every episode; otherwise they come from
     the ``manifest`` CSV, else the ``<task>/env_<i>/object_<j>/`` directory layout. ``max_episodes``
-    takes only the first episodes, in source order. ``image_codec`` is that of a store the ingest
-    creates (default: the format's). ``workers`` processes load and encode episodes; the store's
-    writer lock is waited for up to ``lock_timeout`` seconds. Raises :class:`IngestError` naming
+    takes only the first episodes, in source order. ``image_codec`` (and its encoder options,
+    ``image_codec_options``, e.g. ``{"gop": 16}`` for ``h264``) is that of a store the ingest
+    creates (default: the format's). ``workers`` processes load and encode episodes; with
+    ``address`` (``"local"`` for a private local Ray of ``workers`` CPUs, ``"auto"`` or
+    ``HOST:PORT`` for a cluster) Ray tasks do, at most ``2 x workers`` in flight (``workers`` 1:
+    the cluster's CPU count), while this process writes the store in order. The store's writer lock
+    is waited for up to ``lock_timeout`` seconds. Raises :class:`IngestError` naming
     file, key and episode, leaving the store as it was; with ``commit_every=N`` the episodes are
     committed N at a time instead, so a failed or killed run keeps its committed batches and a
     rerun skips them (by content hash).
@@ -133,6 +141,10 @@ def ingest(
         )
     if max_episodes is not None and max_episodes < 1:
         raise IngestError(f"max_episodes must be at least 1, got {max_episodes}")
+    if address is not None and address != "local" and not dry_run:
+        from demoscale.collect.ray_cluster import check_reachable
+
+        check_reachable(address)  # before planning, which reads every source and may take long
     overrides = {"env_id": env_id, "object_id": object_id, "task": task, "operator": operator}
     sources = resolve_sources(
         src, adapter.patterns, manifest=manifest, overrides=overrides, what=adapter.what
@@ -147,7 +159,9 @@ def ingest(
         adapter,
         sources=[str(path) for path, _ in sources],
         image_codec=image_codec or adapter.default_image_codec,
+        image_codec_options=image_codec_options,
         workers=workers,
+        address=address,
         dry_run=dry_run,
         progress=progress,
         started=started,
@@ -203,7 +217,7 @@ def _rates(features: Mapping[str, Any]) -> list[float | None]:
 
 
 def _existing_store(
-    location: str, features: Mapping[str, Any], image_codec: str
+    location: str, features: Mapping[str, Any], image_codec: str, image_codec_options: dict | None = None
 ) -> tuple[str, dict, set[str]]:
     """(image codec, encoder options, content hashes) of the store at ``location``, checking that its
     features fit the source's; of the store an ingest would create when there is none."""
@@ -213,7 +227,7 @@ def _existing_store(
 
     try:
         if not store_exists(location):
-            return image_codec, codec_options(image_codec), set()
+            return image_codec, codec_options(image_codec, image_codec_options), set()
         store = EpisodeStore.open(location)
         differences = layout_differences(store.features, features)
         if differences:
@@ -229,18 +243,19 @@ def _existing_store(
 def _load_and_encode(
     adapter: SourceFormat, load_args: Any, want_encoded: bool, encode_images: Mapping[str, tuple]
 ) -> LoadedEpisode:
-    """Run in a worker: load one episode and encode its image frames in the store's codec.
+    """Run in a worker: load one episode and encode its image frames in the store's codec (a video
+    codec encodes the episode as one stream).
 
     Encoding here rather than in the writing process is what spreads the codec work over the
     workers; the store copies already-encoded frames as they are.
     """
-    from demoscale.datasets.codecs import encode_frame
+    from demoscale.datasets.codecs import encode_frames
 
     arrays, encoded = adapter.load(load_args, want_encoded)
     encoded = dict(encoded or {})
     for key, (codec, options) in encode_images.items():
         if key in arrays and key not in encoded:
-            encoded[key] = [encode_frame(frame, codec, options) for frame in arrays.pop(key)]
+            encoded[key] = encode_frames(arrays.pop(key), codec, options)
     return arrays, encoded
 
 
@@ -284,8 +299,12 @@ def _loaded_in_order(
     want_encoded: bool,
     workers: int,
     encode_images: Mapping[str, tuple],
+    address: str | None = None,
 ) -> Iterator[tuple[EpisodePlan, LoadedEpisode]]:
     """Yield (plan, loaded episode) in plan order; at most ~2 episodes per worker in flight."""
+    if address is not None:
+        yield from _loaded_on_ray(adapter, plans, want_encoded, workers, encode_images, address)
+        return
     if workers <= 1:
         for plan in plans:
             try:
@@ -326,6 +345,63 @@ def _loaded_in_order(
             yield plan, result
 
 
+def _loaded_on_ray(
+    adapter: SourceFormat,
+    plans: list[EpisodePlan],
+    want_encoded: bool,
+    workers: int,
+    encode_images: Mapping[str, tuple],
+    address: str,
+) -> Iterator[tuple[EpisodePlan, LoadedEpisode]]:
+    """:func:`_loaded_in_order` on Ray: each episode loaded and encoded by a task of one CPU, at most
+    two per CPU in flight, results taken in plan order (the committer's order).
+
+    ``address`` ``"local"`` starts a private Ray of ``workers`` CPUs (all of this machine's with
+    ``workers`` 1) and stops it at the end; any other address joins that cluster and only
+    disconnects. Tasks run wherever Ray puts them: every node must see the sources at the paths
+    planned here (shared storage), as the driver planned them.
+    """
+    import ray
+    from demoscale.collect.ray_cluster import ray_session
+
+    local = address == "local"
+    with ray_session(address, num_cpus=workers if local and workers > 1 else None):
+        cpus = workers if workers > 1 else max(1, int(ray.cluster_resources().get("CPU", 1)))
+        # One CPU per task: the codecs run one thread each, so a task keeps one core busy.
+        load = ray.remote(num_cpus=1)(_load_and_encode)
+        adapter_ref = ray.put(adapter)  # shipped to the object store once, not with every task
+        pending: deque = deque()
+        queue = iter(plans)
+
+        def submit(plan: EpisodePlan) -> None:
+            pending.append((plan, load.remote(adapter_ref, plan.load_args, want_encoded, encode_images)))
+
+        try:
+            for plan in itertools.islice(queue, 2 * cpus):
+                submit(plan)
+            while pending:
+                plan, ref = pending.popleft()
+                try:
+                    result = ray.get(ref)
+                except ray.exceptions.RayTaskError as error:
+                    # The task's own exception, as a local load would raise it (not Ray's wrapper).
+                    cause = error.cause
+                    if isinstance(cause, IngestError):
+                        raise IngestError(str(cause)) from None
+                    raise _unloadable(plan, cause) from None
+                except ray.exceptions.RayError as error:  # a worker or node lost, a task cancelled
+                    raise _unloadable(plan, error) from error
+                del ref  # its copy in the object store can go once the committer holds the arrays
+                next_plan = next(queue, None)
+                if next_plan is not None:
+                    submit(next_plan)
+                yield plan, result
+        finally:
+            # A failure, or a committer that stopped early: the tasks still running are not needed.
+            for _, ref in pending:
+                ray.cancel(ref, force=True)
+
+
 def write_plans(
     store_location: str | os.PathLike,
     features: Mapping[str, Any],
@@ -334,7 +410,9 @@ def write_plans(
     *,
     sources: list[str],
     image_codec: str = "jpeg",
+    image_codec_options: dict[str, Any] | None = None,
     workers: int = 1,
+    address: str | None = None,
     dry_run: bool = False,
     progress: bool = True,
     started: float | None = None,
@@ -343,9 +421,10 @@ def write_plans(
 ) -> IngestSummary:
     """Append the planned episodes to the store, skipping those whose hash it already holds.
 
-    ``image_codec`` is used only when the store is created. The adapter is asked for encoded frames
-    only when the store uses its ``copy_codec``. With ``workers > 1`` episodes are loaded and their
-    images encoded in worker processes, and this process appends them in order.
+    ``image_codec`` and ``image_codec_options`` are used only when the store is created. The adapter
+    is asked for encoded frames only when the store uses its ``copy_codec``. With ``workers > 1``
+    episodes are loaded and their images encoded in worker processes, with ``address`` in Ray tasks
+    (see :func:`ingest`), and this process appends them in order.
 
     All or nothing: the whole run holds the store's writer lock (waiting up to ``lock_timeout``
     seconds for another writer) and is one store transaction, so an episode that fails only while
@@ -362,7 +441,7 @@ def write_plans(
     started = time.perf_counter() if started is None else started
     location = str(store_location)
     summary = IngestSummary(store=location, sources=list(sources), dry_run=dry_run)
-    codec, options, known = _existing_store(location, features, image_codec)
+    codec, options, known = _existing_store(location, features, image_codec, image_codec_options)
     to_write: list[EpisodePlan] = []
     for plan in plans:
         if plan.sha256 in known:
@@ -381,7 +460,7 @@ def write_plans(
     # only when the first episode is ready, so that nothing appears if loading fails.
     want_encoded = adapter.copy_codec is not None and codec == adapter.copy_codec
     encode_images = {key: (codec, options) for key, spec in features.items() if spec.kind == "image"}
-    loaded = _loaded_in_order(adapter, to_write, want_encoded, workers, encode_images)
+    loaded = _loaded_in_order(adapter, to_write, want_encoded, workers, encode_images, address)
     with tqdm(
         total=sum(p.length for p in to_write), unit="frame", desc="ingest", disable=not progress
     ) as bar:
@@ -394,7 +473,9 @@ def write_plans(
             if existed:  # another writer may have created or changed the store since the checks above
                 _existing_store(location, features, image_codec)
             try:
-                _append_in_transactions(location, features, image_codec, loaded, summary, bar, commit_every)
+                _append_in_transactions(
+                    location, features, image_codec, options, loaded, summary, bar, commit_every
+                )
             except BaseException:
                 # The open transaction is rolled back by now; a store this run created and committed
                 # nothing to goes too (still under the lock, so no other writer has used it).
@@ -409,6 +490,7 @@ def _append_in_transactions(
     location: str,
     features: Mapping[str, Any],
     image_codec: str,
+    image_codec_options: dict[str, Any],
     loaded: Iterator[tuple[EpisodePlan, LoadedEpisode]],
     summary: IngestSummary,
     bar: Any,
@@ -425,7 +507,9 @@ def _append_in_transactions(
         for plan, (arrays, encoded) in loaded:
             try:
                 if store is None:
-                    store = EpisodeStore.open_or_create(location, features, image_codec=image_codec)
+                    store = EpisodeStore.open_or_create(
+                        location, features, image_codec=image_codec, image_codec_options=image_codec_options
+                    )
                 if in_batch == 0:
                     transaction.enter_context(store.transaction())
                 index = store.append_episode(

@@ -36,7 +36,17 @@ def _add_option(parser: argparse.ArgumentParser, option: Field, annotation: typi
     parser.add_argument(flag, dest=option.name, type=annotation, default=default, help=help_)
 
 
+def _codec_option(text: str) -> tuple[str, int | str]:
+    """``KEY=VALUE`` of ``--image-codec-option``; whole numbers become ints (``gop=16``)."""
+    key, equals, value = text.partition("=")
+    if not equals or not key:
+        raise argparse.ArgumentTypeError(f"expected KEY=VALUE, got {text!r}")
+    return key, int(value) if value.lstrip("-").isdigit() else value
+
+
 def _add_common(parser: argparse.ArgumentParser, adapter: SourceFormat) -> None:
+    from demoscale.datasets.codecs import IMAGE_CODECS
+
     parser.add_argument("--store", required=True, help="destination episode store (created if absent)")
     parser.add_argument("--env-id", help="environment id of every episode (overrides the directory layout)")
     parser.add_argument("--object-id", help="object id of every episode (overrides the directory layout)")
@@ -48,10 +58,30 @@ def _add_common(parser: argparse.ArgumentParser, adapter: SourceFormat) -> None:
     parser.add_argument("--max-episodes", type=int, help="ingest only the first N episodes")
     parser.add_argument(
         "--image-codec",
-        choices=["jpeg", "png", "jpegxl"],
-        help=f"image codec of a new store (default: {adapter.default_image_codec})",
+        choices=IMAGE_CODECS,
+        help=f"image codec of a new store (default: {adapter.default_image_codec}); h264 and av1 store "
+        "each episode as a video",
     )
-    parser.add_argument("--workers", type=int, default=1, help="processes for decoding/encoding (default 1)")
+    parser.add_argument(
+        "--image-codec-option",
+        type=_codec_option,
+        action="append",
+        metavar="KEY=VALUE",
+        help="an encoder option of a new store's image codec, e.g. gop=16 or crf=20 (h264, av1), "
+        "level=95 (jpeg); repeat for several",
+    )
+    parser.add_argument(
+        "--workers",
+        type=int,
+        default=1,
+        help="processes for decoding/encoding (default 1); with --address, the Ray CPUs to use "
+        "(default: the cluster's)",
+    )
+    parser.add_argument(
+        "--address",
+        help="load and encode the episodes as Ray tasks: 'local' (a private local Ray of --workers CPUs), "
+        "'auto' or HOST:PORT (a running cluster); this process still writes the store",
+    )
     parser.add_argument(
         "--lock-timeout",
         type=float,
@@ -100,7 +130,7 @@ def run(args: argparse.Namespace):
     options = adapter.options_type(**{k: tuple(v) if isinstance(v, list) else v for k, v in values.items()})
     common = (
         "env_id", "object_id", "task", "operator", "manifest", "max_episodes", "image_codec", "workers",
-        "commit_every",
+        "address", "commit_every",
     )  # fmt: skip
     return ingest(
         adapter,
@@ -108,6 +138,7 @@ def run(args: argparse.Namespace):
         args.store,
         options,
         **{name: getattr(args, name) for name in common},
+        image_codec_options=dict(args.image_codec_option) if args.image_codec_option else None,
         dry_run=args.dry_run,
         progress=not args.no_progress,
         lock_timeout=args.lock_timeout,
@@ -124,9 +155,12 @@ def main(argv: list[str]) -> int:
     if args.commit_every is not None and args.commit_every < 1:
         print("demoscale ingest: --commit-every must be at least 1", file=sys.stderr)
         return 2
+    from demoscale.collect.ray_cluster import ClusterConnectionError
+
     try:
         summary = run(args)
-    except IngestLockTimeout as error:  # the input is fine; another writer kept the store too long
+    except (IngestLockTimeout, ClusterConnectionError) as error:  # the input is fine; the store stayed
+        # locked too long, or the cluster cannot be reached
         print(f"demoscale ingest: error: {error}", file=sys.stderr)
         return 1
     except IngestError as error:  # the sources (or the store) given cannot be ingested: an input error

@@ -1,76 +1,25 @@
-"""Connecting to Ray: a private local instance by default, an existing cluster by address.
+"""Connecting to Ray for a sweep: ``collect.ray_cluster``'s session, with Tune's working folder kept.
 
-Only what this module starts is stopped: a private instance is shut down at the end; for an
-existing cluster, ``ray.shutdown()`` only disconnects this driver.
+The session helper itself lives in ``demoscale.collect.ray_cluster`` (cluster ingestion uses it too,
+and ``collect`` may not import this package); only what a sweep adds is here.
 """
 
 from __future__ import annotations
 
-import logging
 import os
-import socket
 from collections.abc import Iterator
 from contextlib import contextmanager
 
+from demoscale.collect.ray_cluster import ClusterConnectionError, check_reachable
+from demoscale.collect.ray_cluster import ray_session as _ray_session
 
-class ClusterConnectionError(ConnectionError):
-    """The Ray cluster at the given address cannot be reached; the message names the address."""
-
-
-def _host_port(address: str) -> tuple[str, int] | None:
-    """``host:port`` of an explicit address (``ray://h:p`` or ``h:p``); None for 'auto'."""
-    target = address.removeprefix("ray://")
-    if target == "auto" or ":" not in target:
-        return None
-    host, _, port = target.rpartition(":")
-    try:
-        return host.strip("[]"), int(port)
-    except ValueError:
-        raise ClusterConnectionError(
-            f"Ray address {address!r} is not of the form HOST:PORT or ray://HOST:PORT"
-        ) from None
-
-
-def check_reachable(address: str, timeout_s: float = 5.0) -> None:
-    """Fail fast, naming the address, when nothing listens there (``ray.init`` would retry for long)."""
-    host_port = _host_port(address)
-    if host_port is None:
-        return
-    try:
-        with socket.create_connection(host_port, timeout=timeout_s):
-            pass
-    except OSError as err:
-        raise ClusterConnectionError(f"cannot reach the Ray cluster at {address}: {err}") from None
+__all__ = ["ClusterConnectionError", "check_reachable", "ray_session"]
 
 
 @contextmanager
 def ray_session(address: str | None = None, num_cpus: int | None = None) -> Iterator[dict]:
-    """Yield with Ray initialised; undo only what was done here.
-
-    ``address`` None or ``"local"``: start a private local instance (``num_cpus`` CPUs, no
-    dashboard, worker logs kept out of the terminal) and shut it down afterwards. ``"auto"``,
-    ``HOST:PORT`` or ``ray://HOST:PORT``: join that cluster, and only disconnect afterwards.
-    If Ray is already initialised in this process, that connection is used and left as it is.
-    """
-    import ray
-
-    if ray.is_initialized():
-        yield {"started": False, "address": "existing"}
-        return
-    quiet = {"include_dashboard": False, "log_to_driver": False, "logging_level": logging.ERROR}
+    """:func:`demoscale.collect.ray_cluster.ray_session` for a sweep (same arguments)."""
     # Tune would otherwise change each trial's working folder; paths are resolved in the driver anyway.
     os.environ.setdefault("RAY_CHDIR_TO_TRIAL_DIR", "0")
-    if address in (None, "local"):
-        ray.init(address="local", num_cpus=num_cpus, **quiet)
-        kind = "local"
-    else:
-        check_reachable(address)
-        try:
-            ray.init(address=address, log_to_driver=False, logging_level=logging.ERROR)
-        except Exception as err:  # Ray raises several types for one cause: name the address
-            raise ClusterConnectionError(f"cannot connect to the Ray cluster at {address}: {err}") from err
-        kind = "cluster"
-    try:
-        yield {"started": True, "address": kind}
-    finally:
-        ray.shutdown()
+    with _ray_session(address, num_cpus) as session:
+        yield session
