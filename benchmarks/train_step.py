@@ -10,6 +10,12 @@
    accumulation (two half-size micro-batches per step), ``torch.compile`` (``--compile``; cold
    compilation takes about a minute and is excluded from the timing).
 3. Inference latency of one action chunk (batch 1) with 16 DDIM steps.
+4. The whole-body row: samples/s of one WB-VIMA training step (forward + backward + clipping +
+   AdamW, in-memory batch) at the size ``configs/wbvima_sim.yaml`` trains (its policy section and
+   global batch, 1,024-point clouds, two observed steps), with the point-cloud encoder's
+   winners-only backward (today's training path) against differentiating through every point (the
+   previous one), in ``--repeats`` alternating pairs: medians and the median of the pairs' ratios.
+   ``--wbvima-only`` measures this row alone.
 
 Prints a table and writes the numbers as JSON (``benchmarks/report.py``: ``--json [PATH]``). Medians
 throughout.
@@ -28,7 +34,19 @@ from typing import Any
 
 import numpy as np
 import torch
+import yaml
 from report import add_json_option, emit_json
+
+WBVIMA_CONFIG = Path(__file__).resolve().parents[1] / "configs" / "wbvima_sim.yaml"
+# The store keys of the 21-D JoyLo action's parts (docs/formats.md section 4) and their sizes.
+JOYLO_ACTION_PARTS = {
+    "action_mobile_base": 3,
+    "action_torso": 4,
+    "action_left_arm": 6,
+    "action_left_gripper": 1,
+    "action_right_arm": 6,
+    "action_right_gripper": 1,
+}
 
 
 def build_store(path: Path, n_episodes: int, length: int, image_size: int) -> Path:
@@ -179,7 +197,9 @@ def synthetic_samples_per_s(
     policy = make_policy(args, store, **policy_overrides)
     policy.train()
     if compile:
-        policy.compile()
+        from demoscale.policies.lightning_module import compile_network
+
+        compile_network(policy)  # the parts compute_loss calls (Module.compile would wrap forward only)
     optimizer = torch.optim.AdamW(policy.parameters(), lr=1e-4)
     micro = args.batch_size // accumulate
     batches = [memory_batch(args, store, micro) for _ in range(accumulate)]
@@ -203,6 +223,96 @@ def inference_latency_ms(args: argparse.Namespace, store: Path) -> float:
     return 1000 * seconds
 
 
+def wbvima_step(seed: int = 0) -> tuple[torch.nn.Module, Callable[[], None], int]:
+    """The WB-VIMA network of ``configs/wbvima_sim.yaml`` and one training step on an in-memory batch
+    of its global batch size (random clouds with 5% padding; the cost does not depend on content)."""
+    from demoscale.policies.config_utils import from_plain
+    from demoscale.policies.wbvima import WBVIMAConfig, WBVIMAPolicy
+
+    settings = yaml.safe_load(WBVIMA_CONFIG.read_text())
+    init_args = settings["model"]["init_args"]
+    config = from_plain(WBVIMAConfig, init_args["policy"])
+    n_points, steps, horizon = config.point_cloud.n_points, config.obs_window, config.horizon
+    low = {"kind": "low_dim"}
+    features = {
+        "action": {**low, "shape": [21]},
+        "proprio": {**low, "shape": [21]},
+        "pointcloud_xyz": {"kind": "point_cloud", "shape": [n_points, 3]},
+        "pointcloud_rgb": {"kind": "point_cloud", "shape": [n_points, 3]},
+        "pointcloud_mask": {"kind": "point_cloud", "shape": [n_points]},
+    }
+    features.update({key: {**low, "shape": [size]} for key, size in JOYLO_ACTION_PARTS.items()})
+    stats = {
+        key: {"min": -np.ones(spec["shape"]), "max": np.ones(spec["shape"])}
+        for key, spec in features.items()
+        if spec["kind"] == "low_dim"
+    }
+    torch.manual_seed(seed)
+    policy = WBVIMAPolicy(config, features, stats).train()
+    batch_size = int(init_args["global_batch_size"])
+    generator = torch.Generator().manual_seed(seed)
+    batch = {
+        "obs": {
+            "pointcloud_xyz": torch.rand(batch_size, steps, n_points, 3, generator=generator) * 4 - 2,
+            "pointcloud_rgb": torch.randint(
+                0, 256, (batch_size, steps, n_points, 3), generator=generator, dtype=torch.uint8
+            ),
+            "pointcloud_mask": torch.rand(batch_size, steps, n_points, generator=generator) > 0.05,
+            "proprio": torch.rand(batch_size, steps, 21, generator=generator) * 2 - 1,
+        },
+        "action": torch.rand(batch_size, horizon, 21, generator=generator) * 2 - 1,
+    }
+    optimizer_args = init_args["optimizer"]
+    optimizer = torch.optim.AdamW(
+        policy.parameters(), lr=optimizer_args["lr"], weight_decay=optimizer_args["weight_decay"]
+    )
+    clip = float(settings["trainer"].get("gradient_clip_val") or 0.0)
+
+    def step() -> None:
+        policy.compute_loss(batch).backward()
+        if clip:
+            torch.nn.utils.clip_grad_norm_(policy.parameters(), clip)
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+
+    return policy, step, batch_size
+
+
+def wbvima_samples_per_s(args: argparse.Namespace, winner_backward: bool) -> float:
+    from demoscale.policies.encoders import PointCloudEncoder
+
+    policy, step, batch_size = wbvima_step()
+    for module in policy.modules():
+        if isinstance(module, PointCloudEncoder):
+            module.winner_backward = winner_backward
+    return batch_size / time_steps(step, args.warmup, args.steps)
+
+
+def wbvima_row(args: argparse.Namespace) -> dict:
+    """Today's WB-VIMA step against the dense-backward reference, in alternating pairs."""
+    after, before = [], []
+    for _ in range(args.repeats):
+        before.append(wbvima_samples_per_s(args, winner_backward=False))
+        after.append(wbvima_samples_per_s(args, winner_backward=True))
+    ratios = [a / b for a, b in zip(after, before, strict=True)]
+    return {
+        "config": str(WBVIMA_CONFIG.relative_to(WBVIMA_CONFIG.parents[1])),
+        "samples_per_s": statistics.median(after),
+        "dense_backward_samples_per_s": statistics.median(before),
+        "speedup": statistics.median(ratios),
+        "speedup_per_repeat": ratios,
+    }
+
+
+def print_wbvima_row(row: dict) -> None:
+    print(f"{'WB-VIMA step (' + row['config'] + ')':<34}{row['samples_per_s']:>10.1f}/s")
+    print(
+        f"{'  dense point-cloud backward':<34}{row['dense_backward_samples_per_s']:>10.1f}/s  "
+        f"speed-up x{row['speedup']:.2f} (median of pairs: "
+        f"{', '.join(f'{r:.2f}' for r in row['speedup_per_repeat'])})"
+    )
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
@@ -217,9 +327,17 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--workers", type=int, default=1, help="DataLoader workers of the full step")
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--compile", action="store_true", help="also measure torch.compile (slow to compile)")
+    parser.add_argument("--wbvima-only", action="store_true", help="measure the whole-body row alone")
     add_json_option(parser)
     args = parser.parse_args(argv)
     torch.set_num_threads(args.threads)
+    if args.wbvima_only:
+        row = wbvima_row(args)
+        print(f"{'measurement':<34}{'value':>12}")
+        print_wbvima_row(row)
+        config = {k: v for k, v in vars(args).items() if k != "json"}
+        emit_json("train_step", {"config": config, "wbvima": row}, args.json)
+        return 0
 
     with tempfile.TemporaryDirectory() as tmp:
         store = build_store(Path(tmp) / "bench.zarr", n_episodes=8, length=60, image_size=args.image_size)
@@ -255,6 +373,7 @@ def main(argv: list[str] | None = None) -> int:
         flags = {name: statistics.median(values) for name, values in flag_runs.items()}
         flag_ratio = {name: statistics.median(values) for name, values in flag_ratios.items()}
         latency = inference_latency_ms(args, store)
+    wbvima = wbvima_row(args)
 
     result = {
         "config": {k: v for k, v in vars(args).items() if k != "json"},
@@ -266,6 +385,7 @@ def main(argv: list[str] | None = None) -> int:
         "flags_samples_per_s": flags,
         "flags_ratio_to_fp32": flag_ratio,
         "inference_chunk_ms_ddim16": latency,
+        "wbvima": wbvima,
     }
     print(f"{'measurement':<34}{'value':>12}")
     print(f"{'full step (Lightning + store)':<34}{full['samples_per_s']:>10.1f}/s")
@@ -278,6 +398,7 @@ def main(argv: list[str] | None = None) -> int:
     for name, value in flags.items():
         print(f"{name:<34}{value:>10.1f}/s  x{flag_ratio[name]:.2f} vs fp32 (median of paired runs)")
     print(f"{'inference chunk, 16 DDIM steps':<34}{latency:>10.1f}ms")
+    print_wbvima_row(wbvima)
     emit_json("train_step", result, args.json)
     return 0
 

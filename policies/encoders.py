@@ -210,6 +210,10 @@ class ImageAugment(nn.Module):
         self.register_buffer("mean", torch.tensor(mean).view(1, 3, 1, 1), persistent=False)
         self.register_buffer("std", torch.tensor(std).view(1, 3, 1, 1), persistent=False)
 
+    # Left out of torch.compile: the crop and jitter parameters are drawn as Python numbers per batch
+    # and torchvision's kernels see inputs of changing strides, so a compiled graph would recompile
+    # batch after batch until dynamo's recompile limit; these few elementwise ops run eagerly.
+    @torch.compiler.disable
     def forward(self, images: torch.Tensor) -> torch.Tensor:
         if images.dtype != torch.uint8:
             raise TypeError(f"images must be uint8 HWC, got {images.dtype}")
@@ -284,6 +288,10 @@ class PointCloudEncoder(nn.Module):
     simulator's size; the per-point tensors of the full pass were most of a WB-VIMA step's time).
     """
 
+    # False (on the class or an instance): differentiate through every point, the reference
+    # computation that benchmarks/train_step.py times against the winners-only pass.
+    winner_backward = True
+
     def __init__(self, config: PointCloudEncoderConfig):
         super().__init__()
         layers: list[nn.Module] = []
@@ -296,8 +304,6 @@ class PointCloudEncoder(nn.Module):
         self.net = nn.Sequential(*layers)
         self.use_rgb = config.use_rgb
         self.feature_dim = dim
-        # False: differentiate through every point (the reference computation, for benchmarks).
-        self.winner_backward = True
 
     def _points(self, xyz: torch.Tensor, rgb: torch.Tensor | None) -> torch.Tensor:
         points = xyz.float()

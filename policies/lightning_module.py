@@ -71,6 +71,29 @@ class EMAConfig:
     update_after: int = 0
 
 
+COMPILE_MODES = ("default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs")
+
+
+def compile_network(network: nn.Module, mode: str | None = None, backend: str | None = None) -> list[str]:
+    """``torch.compile`` (in place) every direct child module of a policy network; returns their names.
+
+    The network itself is not what training calls: the module calls ``compute_losses`` (and
+    inference ``encode`` / ``act_from_condition``), which ``Module.compile`` of the network would
+    never reach, as it wraps ``__call__`` only. The children (observation encoders, the denoiser,
+    heads) are called through ``__call__``, so compiling each of them compiles the work, with the
+    contract's methods around them left as they are. ``backend`` (default inductor) is for tests
+    (``eager``: dynamo's tracing without code generation).
+    """
+    if mode is not None and mode not in COMPILE_MODES:
+        raise ValueError(f"compile mode must be one of {', '.join(COMPILE_MODES)}, got {mode!r}")
+    compiled = []
+    for name, child in network.named_children():
+        if any(True for _ in child.parameters()):  # parameter-free helpers (normalisers) stay eager
+            child.compile(mode=mode) if backend is None else child.compile(backend=backend)
+            compiled.append(name)
+    return compiled
+
+
 class PolicyModule(L.LightningModule):
     """Shared training logic of every policy family (see the module docstring).
 
@@ -78,7 +101,9 @@ class PolicyModule(L.LightningModule):
         policy: the family's config (None: the config class's defaults).
         optimizer: optimizer and learning-rate schedule.
         ema: EMA settings.
-        compile: ``torch.compile`` the network (in place; state-dict keys are unchanged).
+        compile: ``torch.compile`` the network's parts (:func:`compile_network`; in place, state-dict
+            keys are unchanged): ``true`` in torch's default mode, or a mode by name
+            (``reduce-overhead`` adds CUDA graphs, ``max-autotune`` also tunes kernels).
         seed: base of the per-step seeds (noise, diffusion steps, augmentation).
         global_batch_size: samples per optimizer step over all devices; the CLI derives gradient
             accumulation from it and the DataModule's micro-batch size. ``None`` = one micro-batch.
@@ -91,7 +116,7 @@ class PolicyModule(L.LightningModule):
         policy: Any = None,
         optimizer: OptimizerConfig | None = None,
         ema: EMAConfig | None = None,
-        compile: bool = False,
+        compile: bool | str = False,
         seed: int = 0,
         global_batch_size: int | None = None,
     ):
@@ -207,7 +232,8 @@ class PolicyModule(L.LightningModule):
                 update_after=self.ema_config.update_after,
             )
         if self.compile_policy:
-            self.policy.compile()
+            mode = self.compile_policy if isinstance(self.compile_policy, str) else None
+            compile_network(self.policy, mode)
 
     def configure_model(self) -> None:
         """FSDP2: shard the network when the strategy provides a device mesh (ModelParallelStrategy)."""
