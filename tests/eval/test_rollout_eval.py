@@ -201,7 +201,9 @@ def test_sequential_stop_rule() -> None:
     agree = [1.0] * 40
     # All rollouts succeed: the 90% interval of 20 of 20 is [0.88, 1], narrow enough at half-width 0.07.
     assert sequential_stop(agree, halfwidth=0.07, min_episodes=8, round_size=4) == 20
-    assert sequential_stop(agree, halfwidth=0.07, min_episodes=24, round_size=4) == 24  # never before the minimum
+    assert (
+        sequential_stop(agree, halfwidth=0.07, min_episodes=24, round_size=4) == 24
+    )  # never before the minimum
     split = [1.0, 0.0] * 20
     assert sequential_stop(split, halfwidth=0.07, min_episodes=8, round_size=4) == 40  # p = 0.5 never narrows
     assert sequential_stop(split, halfwidth=0.2, min_episodes=8, round_size=4) == 16
