@@ -17,8 +17,18 @@ moving block, sensor noise), ~50 frames per episode, JPEG store:
    median of the last three batches), and their ratio. For context, the
    same episodes appended one by one outside a transaction (each its own commit) for the first
    ``--single`` episodes.
+3. **On Ray, and per core for UMI.** The throughput source is also ingested with ``address="local"``
+   (a private Ray of 2 CPUs, started and stopped by the ingest, so its start-up is in the time).
+   Then a UMI ``dataset.zarr.zip`` of ``--umi-episodes`` episodes of ``--umi-frames`` 224x224 frames
+   (JPEG-XL, as UMI writes them) is ingested into a store of each ``--umi-codecs`` codec, with one
+   worker and with Ray (2 CPUs); per episode, the plan phase (this process: reading and hashing
+   every source frame), the load + encode work one core does (the write phase minus the
+   committer's share) and the committer's own append (the same encoded episodes appended again in
+   one transaction) give the projection for ``--project-episodes`` episodes of
+   ``--project-frames`` frames on 8 and 64 cores: plan + max(load / cores, commit) + Ray start-up.
 
     python benchmarks/ingest.py [--episodes 10000] [--ingest-episodes 400] [--rounds 3] [--json [PATH]]
+        [--parts throughput append umi] [--umi-episodes 12] [--umi-frames 100] [--umi-codecs jpegxl jpeg h264]
 """
 
 from __future__ import annotations
@@ -101,13 +111,17 @@ def read_and_encode_rate(source: Path) -> float:
     return array.shape[0] / (time.perf_counter() - started)
 
 
-def ingest_rates(source: Path, workdir: Path, workers: int) -> tuple[float, float]:
+def ingest_rates(
+    source: Path, workdir: Path, workers: int, address: str | None = None
+) -> tuple[float, float]:
     """Frames/s of a whole ingest, and of its write phase alone (load, encode, append, commit)."""
     from demoscale.collect import ingest_replay_buffer
 
     store = workdir / f"store_w{workers}.zarr"
     shutil.rmtree(store, ignore_errors=True)
-    summary = ingest_replay_buffer(source, store, image_codec="jpeg", workers=workers, progress=False)
+    summary = ingest_replay_buffer(
+        source, store, image_codec="jpeg", workers=workers, address=address, progress=False
+    )
     shutil.rmtree(store, ignore_errors=True)
     frames = summary.frames_written
     return frames / summary.seconds, frames / (summary.seconds - summary.plan_seconds)
@@ -168,6 +182,188 @@ def append(store, blobs: list[bytes], actions: np.ndarray, index: int) -> None:
     )
 
 
+def umi_episodes(rng: np.random.Generator, n_episodes: int, frames: int) -> list[dict[str, np.ndarray]]:
+    """Single-arm UMI episodes: 224x224 camera-like frames and random-walk poses."""
+    episodes = []
+    for _ in range(n_episodes):
+        episodes.append(
+            {
+                "camera0_rgb": synthetic_frames(rng, frames, size=224),
+                "robot0_eef_pos": rng.normal(size=(frames, 3)).cumsum(axis=0).astype(np.float32),
+                "robot0_eef_rot_axis_angle": rng.normal(size=(frames, 3)).astype(np.float32),
+                "robot0_gripper_width": rng.uniform(0, 0.08, size=(frames, 1)).astype(np.float32),
+            }
+        )
+    return episodes
+
+
+def committer_costs(store_path: Path, workdir: Path) -> tuple[float, float]:
+    """(CPU s, wall s) the committer spends per episode alone: the store's episodes appended again,
+    image frames already encoded (what a worker hands over), in one transaction into a new store.
+    The slope between a transaction of one episode and one of all of them, so the transaction's
+    fixed cost (lock, journal, commit) is left out: it is paid once per ingest."""
+    from demoscale.datasets import EpisodeStore
+
+    store = EpisodeStore.open(store_path)
+    images = [key for key, spec in store.features.items() if spec.kind == "image"]
+    episodes = []
+    for index, row in store.episodes.iterrows():
+        arrays = {k: store.read(k, row["start"], row["end"]) for k in store.features if k not in images}
+        encoded = {k: store.read_encoded(k, row["start"], row["end"]) for k in images}
+        episodes.append((arrays, encoded, row["source_sha256"], index))
+
+    def transaction_cost(count: int) -> tuple[float, float]:
+        target = workdir / "committer.zarr"
+        shutil.rmtree(target, ignore_errors=True)
+        copy = EpisodeStore.create(
+            target,
+            store.features,
+            image_codec=store.image_codec,
+            image_codec_options=store.image_codec_options,
+        )
+        cpu, wall = time.process_time(), time.perf_counter()
+        with copy.transaction():
+            for arrays, encoded, digest, index in episodes[:count]:
+                copy.append_episode(
+                    arrays, encoded=encoded, env_id="0", object_id=str(index), source_sha256=digest
+                )
+        cost = time.process_time() - cpu, time.perf_counter() - wall
+        shutil.rmtree(target, ignore_errors=True)
+        return cost
+
+    transaction_cost(1)  # warm-up: the first transaction of a process pays for first calls
+    single = [transaction_cost(1) for _ in range(3)]
+    whole = transaction_cost(len(episodes))
+    extra = max(1, len(episodes) - 1)
+    return tuple(max(0.0, (whole[i] - statistics.median(cost[i] for cost in single)) / extra) for i in (0, 1))  # type: ignore[return-value]
+
+
+def ray_start_seconds(cpus: int = 2) -> float:
+    """Wall seconds to start a private local Ray, run one task on it and stop it again."""
+    import ray
+    from demoscale.collect.ray_cluster import ray_session
+
+    started = time.perf_counter()
+    with ray_session("local", num_cpus=cpus):
+        ray.get(ray.remote(lambda: None).remote())
+    return time.perf_counter() - started
+
+
+def umi_part(workdir: Path, args: argparse.Namespace) -> dict:
+    """Per-episode plan, per-core load + encode and committer costs of UMI ingests; projections.
+
+    Per-core costs are CPU time (``time.process_time`` of an in-process ingest): on a machine
+    shared with other jobs a process gets only part of a core, and wall time would charge the
+    other jobs' share to the ingest.
+    """
+    from demoscale.collect import ingest_umi, write_umi_zip
+
+    rng = np.random.default_rng(7)
+    source = write_umi_zip(
+        workdir / "umi" / "dataset.zarr.zip", umi_episodes(rng, args.umi_episodes, args.umi_frames)
+    )
+    n = args.umi_episodes
+    ingest_umi(source, workdir / "warm.zarr", dry_run=True, progress=False)  # imports, file caches
+    ray_start = [ray_start_seconds() for _ in range(2)]
+    rows = []
+    for codec in args.umi_codecs:
+        measured: dict[str, list[float]] = {name: [] for name in (
+            "plan_cpu", "plan_wall", "load_cpu", "load_wall", "commit_cpu", "commit_wall", "ray_write", "ray_whole",
+            "one_worker_whole",
+        )}  # fmt: skip
+        for _ in range(args.umi_rounds):
+            store = workdir / f"umi_{codec}.zarr"
+            shutil.rmtree(store, ignore_errors=True)
+            cpu = time.process_time()
+            planned = ingest_umi(source, store, image_codec=codec, dry_run=True, progress=False)
+            plan_cpu = time.process_time() - cpu
+            cpu = time.process_time()
+            one = ingest_umi(source, store, image_codec=codec, progress=False)
+            write_cpu = time.process_time() - cpu - plan_cpu
+            commit_cpu, commit_wall = committer_costs(store, workdir)
+            shutil.rmtree(store, ignore_errors=True)
+            on_ray = ingest_umi(source, store, image_codec=codec, address="local", workers=2, progress=False)
+            shutil.rmtree(store, ignore_errors=True)
+            measured["plan_cpu"].append(plan_cpu / n)
+            measured["plan_wall"].append(planned.plan_seconds / n)
+            measured["load_cpu"].append(write_cpu / n - commit_cpu)
+            measured["load_wall"].append((one.seconds - one.plan_seconds) / n - commit_wall)
+            measured["commit_cpu"].append(commit_cpu)
+            measured["commit_wall"].append(commit_wall)
+            measured["ray_write"].append(on_ray.seconds - on_ray.plan_seconds)
+            measured["ray_whole"].append(on_ray.seconds)
+            measured["one_worker_whole"].append(one.seconds)
+        median = {name: statistics.median(values) for name, values in measured.items()}
+        scale = args.project_frames / args.umi_frames  # the costs grow with the frames of an episode
+        row = {
+            "codec": codec,
+            **{
+                f"{name}_s_per_episode": value
+                for name, value in median.items()
+                if name[-4:] in ("_cpu", "wall")
+            },
+            "one_worker_whole_s": median["one_worker_whole"],
+            "ray_2_cpus_write_phase_s": median["ray_write"],
+            "ray_2_cpus_whole_s": median["ray_whole"],
+            # What the model says for the 2-CPU Ray run here, from the wall-time costs and a measured
+            # start-up (the machine's other jobs in both).
+            "model_2_cpus_write_phase_s": statistics.median(ray_start)
+            + n * max(median["load_wall"] / 2, median["commit_wall"]),
+            "projection": {},
+        }
+        for cores in (8, 64):
+            planning = args.project_episodes * median["plan_cpu"] * scale
+            workers = args.project_episodes * median["load_cpu"] * scale / cores
+            committer = args.project_episodes * median["commit_cpu"] * scale
+            row["projection"][cores] = {
+                "plan_h": planning / 3600,
+                "load_encode_h": workers / 3600,
+                "commit_h": committer / 3600,
+                "total_h": (planning + max(workers, committer) + statistics.median(ray_start)) / 3600,
+                "bound_by": "the committer" if committer > workers else "the workers",
+            }
+        rows.append(row)
+    return {
+        "episodes": n,
+        "frames": args.umi_frames,
+        "rounds": args.umi_rounds,
+        "project_episodes": args.project_episodes,
+        "project_frames": args.project_frames,
+        "ray_start_s": ray_start,
+        "codecs": rows,
+    }
+
+
+def print_umi(result: dict) -> None:
+    n, frames = result["episodes"], result["frames"]
+    print(
+        f"\nUMI zip, {n} episodes x {frames} frames 224x224 (JPEG-XL), medians of {result['rounds']} rounds; "
+        f"ms per episode, CPU (wall); a local Ray's start + stop: {statistics.median(result['ray_start_s']):.1f} s"
+    )
+    print(f"{'store codec':<12} {'plan':>14} {'load+encode/core':>18} {'commit':>14} {'Ray 2 CPUs write s':>19} "
+          f"{'model s':>8}")  # fmt: skip
+    for row in result["codecs"]:
+        cells = [
+            f"{1000 * row[f'{name}_cpu_s_per_episode']:.1f} ({1000 * row[f'{name}_wall_s_per_episode']:.1f})"
+            for name in ("plan", "load", "commit")
+        ]
+        print(
+            f"{row['codec']:<12} {cells[0]:>14} {cells[1]:>18} {cells[2]:>14} "
+            f"{row['ray_2_cpus_write_phase_s']:>19.1f} {row['model_2_cpus_write_phase_s']:>8.1f}"
+        )
+    print(
+        f"projection, {result['project_episodes']:,} episodes x {result['project_frames']} frames, per-core CPU "
+        "costs (plan + max(load+encode / cores, commit) + Ray start-up), hours:"
+    )
+    for row in result["codecs"]:
+        for cores, projected in row["projection"].items():
+            print(
+                f"  {row['codec']:<8} {cores:>3} cores: {projected['total_h']:6.2f} h  (plan {projected['plan_h']:.2f}, "
+                f"load+encode {projected['load_encode_h']:.2f}, commit {projected['commit_h']:.2f}; "
+                f"bound by {projected['bound_by']})"
+            )
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--episodes", type=int, default=10_000, help="store size for the append-cost part")
@@ -176,44 +372,62 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--batch", type=int, default=500, help="episodes per transaction (commit)")
     parser.add_argument("--single", type=int, default=200, help="episodes appended one by one, for context")
     parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument(
+        "--parts",
+        nargs="+",
+        choices=["throughput", "append", "umi"],
+        default=["throughput", "append", "umi"],
+        help="which measurements to run",
+    )
+    parser.add_argument("--umi-episodes", type=int, default=12, help="episodes of the UMI source")
+    parser.add_argument("--umi-frames", type=int, default=100, help="frames per UMI episode")
+    parser.add_argument("--umi-codecs", nargs="+", default=["jpegxl", "jpeg", "h264"], help="store codecs")
+    parser.add_argument("--umi-rounds", type=int, default=3)
+    parser.add_argument("--project-episodes", type=int, default=40_000, help="episodes of the projection")
+    parser.add_argument(
+        "--project-frames", type=int, default=300, help="frames per episode of the projection"
+    )
     add_json_option(parser)
     args = parser.parse_args(argv)
-
-    from demoscale.datasets.codecs import codec_options, encode_frame
 
     rng = np.random.default_rng(0)
     episodes = [synthetic_frames(rng, args.frames) for _ in range(args.ingest_episodes)]
     all_frames = np.concatenate(episodes)
+    result: dict = {"frames_per_episode": args.frames, "size": SIZE, "ingest_episodes": args.ingest_episodes,
+                    "rounds": args.rounds}  # fmt: skip
     with tempfile.TemporaryDirectory(prefix="ingest-bench-") as scratch:
         workdir = Path(scratch)
-        source = workdir / "source.zarr"
-        write_replay_buffer(source, episodes, rng)
-        rates: dict[str, list[float]] = {"encode limit, 1 process": [], "read + encode, 1 process": []}
-        for workers in (1, 2):
-            rates[f"ingest, {workers} worker(s)"] = []
-            rates[f"  its write phase, {workers} worker(s)"] = []
-        for _ in range(args.rounds):  # alternating, so machine load hits every variant alike
-            rates["encode limit, 1 process"].append(encode_rate(all_frames))
-            rates["read + encode, 1 process"].append(read_and_encode_rate(source))
-            for workers in (1, 2):
-                whole, writing = ingest_rates(source, workdir, workers)
-                rates[f"ingest, {workers} worker(s)"].append(whole)
-                rates[f"  its write phase, {workers} worker(s)"].append(writing)
-        shutil.rmtree(source)
+        if "throughput" in args.parts:
+            result["throughput"] = throughput_part(workdir, episodes, all_frames, rng, args)
+        if "append" in args.parts:
+            result["append"] = append_part(workdir, episodes, rng, args)
+        if "umi" in args.parts:
+            result["umi"] = umi_part(workdir, args)
+            print_umi(result["umi"])
+    emit_json("ingest", result, args.json)
+    return 0
 
-        options = codec_options("jpeg")
-        pool = [
-            (
-                [encode_frame(f, "jpeg", options) for f in frames],
-                rng.normal(size=(len(frames), 2)).astype(np.float32),
-            )
-            for frames in episodes[:32]
-        ]
-        single = single_append_cost(workdir, pool, args.single)
-        costs = append_costs(workdir, pool, args.episodes, args.batch)
-        store_bytes = sum(f.stat().st_size for f in (workdir / "scale.zarr").rglob("*") if f.is_file())
-        store_files = sum(1 for f in (workdir / "scale.zarr").rglob("*") if f.is_file())
 
+def throughput_part(
+    workdir: Path, episodes: list[np.ndarray], all_frames: np.ndarray, rng: np.random.Generator, args
+) -> list[dict]:
+    """Ingest frames/s (1 and 2 workers, Ray with 2 CPUs) against the encode limit, alternating."""
+    source = workdir / "source.zarr"
+    write_replay_buffer(source, episodes, rng)
+    rates: dict[str, list[float]] = {"encode limit, 1 process": [], "read + encode, 1 process": []}
+    variants = [(1, None), (2, None), (2, "local")]
+    names = {(1, None): "1 worker(s)", (2, None): "2 worker(s)", (2, "local"): "Ray, 2 worker(s)"}
+    for variant in variants:
+        rates[f"ingest, {names[variant]}"] = []
+        rates[f"  its write phase, {names[variant]}"] = []
+    for _ in range(args.rounds):  # alternating, so machine load hits every variant alike
+        rates["encode limit, 1 process"].append(encode_rate(all_frames))
+        rates["read + encode, 1 process"].append(read_and_encode_rate(source))
+        for workers, address in variants:
+            whole, writing = ingest_rates(source, workdir, workers, address)
+            rates[f"ingest, {names[workers, address]}"].append(whole)
+            rates[f"  its write phase, {names[workers, address]}"].append(writing)
+    shutil.rmtree(source)
     limit = statistics.median(rates["encode limit, 1 process"])
     throughput = []
     for name, runs in rates.items():
@@ -221,14 +435,33 @@ def main(argv: list[str] | None = None) -> int:
         median = statistics.median(runs)
         throughput.append({"variant": name, "frames_per_s": median, "per_worker_of_limit": median / (workers * limit),
                            "runs": runs})  # fmt: skip
+    print(f"Throughput: {args.ingest_episodes} episodes x {args.frames} frames, {SIZE}x{SIZE} JPEG, "
+          f"median of {args.rounds} rounds ({os.cpu_count()} CPUs; Ray's start-up is inside its time)")  # fmt: skip
+    print(f"{'variant':<38} {'frames/s':>10} {'per worker / encode limit':>26}")
+    for row in throughput:
+        print(f"{row['variant']:<38} {row['frames_per_s']:>10.0f} {row['per_worker_of_limit']:>26.2f}")
+    return throughput
+
+
+def append_part(workdir: Path, episodes: list[np.ndarray], rng: np.random.Generator, args) -> dict:
+    """Seconds per appended episode as the store grows (pre-encoded frames, batched transactions)."""
+    from demoscale.datasets.codecs import codec_options, encode_frame
+
+    options = codec_options("jpeg")
+    pool = [
+        (
+            [encode_frame(f, "jpeg", options) for f in frames],
+            rng.normal(size=(len(frames), 2)).astype(np.float32),
+        )
+        for frames in episodes[:32]
+    ]
+    single = single_append_cost(workdir, pool, args.single)
+    costs = append_costs(workdir, pool, args.episodes, args.batch)
+    store_bytes = sum(f.stat().st_size for f in (workdir / "scale.zarr").rglob("*") if f.is_file())
+    store_files = sum(1 for f in (workdir / "scale.zarr").rglob("*") if f.is_file())
     # Medians over a few batches around each point: one batch's time is at the mercy of the machine.
     at_1000 = statistics.median(cost for n, cost in costs if n <= max(1500, costs[0][0]))
     last = statistics.median(cost for _, cost in costs[-3:])
-    print(f"Throughput: {args.ingest_episodes} episodes x {args.frames} frames, {SIZE}x{SIZE} JPEG, "
-          f"median of {args.rounds} rounds ({os.cpu_count()} CPUs)")  # fmt: skip
-    print(f"{'variant':<34} {'frames/s':>10} {'per worker / encode limit':>26}")
-    for row in throughput:
-        print(f"{row['variant']:<34} {row['frames_per_s']:>10.0f} {row['per_worker_of_limit']:>26.2f}")
     print(f"\nAppend cost: {args.episodes} episodes in transactions of {args.batch} (frames pre-encoded)")
     print(f"{'episodes in store':>18} {'ms per episode':>15}")
     for n, cost in costs:
@@ -239,19 +472,10 @@ def main(argv: list[str] | None = None) -> int:
     )
     print(f"one by one (each its own commit), first {args.single}: {1000 * single:.2f} ms per episode")
     print(f"store: {store_bytes / 1e6:.0f} MB in {store_files} files")
-    emit_json(
-        "ingest",
-        {
-            "frames_per_episode": args.frames, "size": SIZE, "ingest_episodes": args.ingest_episodes,
-            "rounds": args.rounds, "throughput": throughput,
-            "append": {"episodes": args.episodes, "batch": args.batch, "per_episode_s": costs,
-                       "at_1000_s": at_1000, "at_end_s": last, "ratio_end_to_1000": last / at_1000,
-                       "single_appends_s": single, "single_appends_n": args.single,
-                       "store_bytes": store_bytes, "store_files": store_files},
-        },
-        args.json,
-    )  # fmt: skip
-    return 0
+    return {"episodes": args.episodes, "batch": args.batch, "per_episode_s": costs,
+            "at_1000_s": at_1000, "at_end_s": last, "ratio_end_to_1000": last / at_1000,
+            "single_appends_s": single, "single_appends_n": args.single,
+            "store_bytes": store_bytes, "store_files": store_files}  # fmt: skip
 
 
 if __name__ == "__main__":
