@@ -24,6 +24,7 @@ conversion): about a third of the time of FFmpeg's own conversion, which cost mo
 from __future__ import annotations
 
 import os
+import threading
 from collections import OrderedDict
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
@@ -315,6 +316,7 @@ class VideoKeyReader:
     once, up to the last frame wanted in it. The decoder remembers where it stopped, so a later read
     further into the same GOP (a sampler walking an episode) continues from there; recently decoded
     frames are kept up to ``cache_bytes``. Committed frames never change, so nothing goes stale.
+    Threads sharing a store handle take turns (one decoder state); processes each have their own.
     """
 
     def __init__(
@@ -332,6 +334,7 @@ class VideoKeyReader:
         self._cache: OrderedDict[int, np.ndarray] = OrderedDict()
         self._position: tuple[int, int] | None = None  # (GOP start, next frame) the decoder stands at
         self.decoded_packets = 0  # a counter for tests and benchmarks: the work actually done
+        self._lock = threading.Lock()
 
     def gop_starts(
         self, frames: np.ndarray, episode_starts: np.ndarray, episode_ends: np.ndarray
@@ -351,6 +354,16 @@ class VideoKeyReader:
         """Decoded frames at sorted unique global indices ``frames``; ``read_packets(indices)`` returns
         the stored packets of sorted global frame indices. Raises ValueError naming the frame that
         does not decode."""
+        with self._lock:
+            return self._read(frames, episode_starts, episode_ends, read_packets)
+
+    def _read(
+        self,
+        frames: np.ndarray,
+        episode_starts: np.ndarray,
+        episode_ends: np.ndarray,
+        read_packets: Callable[[np.ndarray], Sequence[bytes]],
+    ) -> np.ndarray:
         out = np.empty((len(frames), *self.shape), dtype=np.uint8)
         missing = []
         for i, frame in enumerate(frames.tolist()):

@@ -145,6 +145,18 @@ def test_random_reads_and_windows_equal_the_sequential_decode(video_store: Path)
         np.testing.assert_array_equal(got["obs"]["camera0_rgb"], expected)
 
 
+def test_threads_sharing_a_handle_read_the_same_frames(video_store: Path) -> None:
+    from concurrent.futures import ThreadPoolExecutor
+
+    whole = EpisodeStore.open(video_store).read("camera0_rgb", 0, sum(LENGTHS))
+    shared = EpisodeStore.open(video_store)
+    draws = [np.random.default_rng(seed).integers(0, len(whole), size=6) for seed in range(24)]
+    with ThreadPoolExecutor(max_workers=4) as pool:
+        results = list(pool.map(lambda frames: shared.read_frames("camera0_rgb", frames), draws))
+    for frames, got in zip(draws, results, strict=True):
+        np.testing.assert_array_equal(got, whole[frames])
+
+
 def test_a_walk_through_an_episode_continues_the_decoder(video_store: Path) -> None:
     """Reading frame after frame (a validation loop in order) decodes each packet once."""
     store = EpisodeStore.open(video_store)
