@@ -181,7 +181,7 @@ def test_chain_that_does_not_match_the_store_fails_before_training(joylo_store, 
         train(wbvima_config(joylo_store, tmp_path / "bad", max_steps=1, chain=chain))
 
 
-@pytest.mark.parametrize("name", ["wbvima_joylo.yaml", "wbvima_sim.yaml"])
+@pytest.mark.parametrize("name", ["wbvima_joylo.yaml", "wbvima_sim.yaml", "wbvima_touch_shelf.yaml"])
 def test_shipped_configs_parse_and_fit_a_joylo_store(name, capsys):
     import yaml
     from demoscale.policies.cli import make_cli
