@@ -1,4 +1,5 @@
-"""Scripted whole-body expert for ``fetch_shelf``: drive, raise the torso, grasp, carry, place.
+"""Scripted whole-body experts: ``fetch_shelf`` (drive, raise the torso, grasp, carry, place) and
+``touch_shelf`` (drive, raise the torso, touch the object with the fingertips).
 
 The right hand follows Cartesian waypoints (minimum-jerk interpolation) through damped-least-squares
 inverse kinematics on MuJoCo body Jacobians (``mujoco.mj_jacBody``); the result is commanded as
