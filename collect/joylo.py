@@ -209,6 +209,11 @@ def joylo_features(
         "odom_position": low_dim(3, "m", frame="odom"),
         "odom_orientation": low_dim(4, "quaternion xyzw", frame="odom"),
     }
+
+    def recorded(key: str) -> dict | None:
+        source = (capture or {}).get(key)
+        return dict(source) if source else None
+
     if n_points is not None:
         features.update(
             {
@@ -219,9 +224,15 @@ def joylo_features(
                     rate_hz=rate_hz,
                     units="m",
                     frame="base",
+                    source=recorded("pointcloud_xyz"),
                 ),
                 "pointcloud_rgb": FeatureSpec(
-                    kind="point_cloud", shape=(n_points, 3), dtype="uint8", rate_hz=rate_hz, units="rgb"
+                    kind="point_cloud",
+                    shape=(n_points, 3),
+                    dtype="uint8",
+                    rate_hz=rate_hz,
+                    units="rgb",
+                    source=recorded("pointcloud_rgb"),
                 ),
                 "pointcloud_mask": FeatureSpec(
                     kind="point_cloud",
@@ -229,18 +240,18 @@ def joylo_features(
                     dtype="bool",
                     rate_hz=rate_hz,
                     units="True = real point",
+                    source=recorded("pointcloud_mask"),
                 ),
             }
         )
     for camera, (height, width) in sorted(cameras.items()):
-        source = (capture or {}).get(f"{camera}_rgb")
         features[f"{camera}_rgb"] = FeatureSpec(
             kind="image",
             shape=(height, width, 3),
             dtype="uint8",
             rate_hz=rate_hz,
             units="rgb",
-            source=dict(source) if source else None,
+            source=recorded(f"{camera}_rgb"),
         )
     return features
 

@@ -196,12 +196,17 @@ def policy_image_size(policy) -> int | None:
 
 
 def recorded_capture(policy) -> dict[str, dict[str, Any]]:
-    """Observed image key -> what produced its training images (the feature spec's ``source``:
-    task, camera, image size, environment options), for the keys that recorded it."""
+    """Observed image (or point-cloud) key -> what produced its training data (the feature spec's
+    ``source``: task, camera, image size, environment options), for the keys that recorded it."""
     captured = {}
     for key, spec in getattr(policy, "features", {}).items():
         spec = spec if isinstance(spec, Mapping) else vars(spec)
-        if key in getattr(policy, "obs_offsets", {}) and spec.get("kind") == "image" and spec.get("source"):
+        kind = spec.get("kind")
+        if (
+            key in getattr(policy, "obs_offsets", {})
+            and kind in ("image", "point_cloud")
+            and spec.get("source")
+        ):
             captured[key] = dict(spec["source"])
     return captured
 

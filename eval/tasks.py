@@ -135,10 +135,13 @@ def _plain(value: Any) -> Any:
 def capture_sources(
     env: Any, task: str, image_size: int, env_options: Mapping[str, Any] | None = None
 ) -> dict[str, dict[str, Any]]:
-    """What produced each image key of ``env``'s observations: image key -> ``{"task", "camera",
-    "image_size", "env_options"}`` (the ``source`` of the store's FeatureSpec; empty when the
-    environment does not name its cameras)."""
+    """What produced each image (and point-cloud) key of ``env``'s observations: key -> ``{"task",
+    "camera", "image_size", "env_options"}`` (the ``source`` of the store's FeatureSpec; empty when
+    the environment does not name its cameras). A point cloud's camera is the cameras fused into it:
+    a policy that sees only clouds (WB-VIMA) still knows its task and options."""
     cameras = env.image_cameras() if callable(getattr(env, "image_cameras", None)) else {}
+    if callable(getattr(env, "point_cloud_cameras", None)):
+        cameras = {**cameras, **env.point_cloud_cameras()}
     options = _plain(dict(env_options or {}))
     return {
         key: {"task": task, "camera": str(camera), "image_size": int(image_size), "env_options": options}

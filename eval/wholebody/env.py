@@ -347,6 +347,13 @@ class WholeBodyEnv:
         """Store key -> the MuJoCo camera that renders it (``<camera>_rgb``)."""
         return {f"{camera}_rgb": camera for camera in self.config.cameras}
 
+    def point_cloud_cameras(self) -> dict[str, str]:
+        """Point-cloud store key -> the cameras fused into it (``"head"``, ``"head+left_wrist"``)."""
+        if not self.config.point_cloud_cameras:
+            return {}
+        fused = "+".join(self.config.point_cloud_cameras)
+        return {key: fused for key in ("pointcloud_xyz", "pointcloud_rgb", "pointcloud_mask")}
+
     def observe(self) -> dict[str, np.ndarray]:
         """The observation dict (store keys; see the module docstring)."""
         images = self._cameras()

@@ -87,6 +87,23 @@ def test_recording_is_joylo_with_point_clouds_and_ingests(tmp_path) -> None:
     assert store.features["head_rgb"].source == {
         "task": "touch_shelf", "camera": "head", "image_size": 48, "env_options": {}
     }  # fmt: skip
+    # The clouds record what produced them too: a policy that sees only clouds (WB-VIMA) is then
+    # evaluated on its task without --task.
+    for key in ("pointcloud_xyz", "pointcloud_rgb", "pointcloud_mask"):
+        assert store.features[key].source == {
+            "task": "touch_shelf", "camera": "head", "image_size": 48, "env_options": {}
+        }  # fmt: skip
+    from types import SimpleNamespace
+
+    from demoscale.eval.rollout import apply_capture, recorded_capture
+
+    clouds_only = SimpleNamespace(
+        features={k: v.to_dict() for k, v in store.features.items()},
+        obs_offsets={"proprio": [-1, 0], "pointcloud_xyz": [-1, 0], "pointcloud_rgb": [-1, 0]},
+    )
+    recorded = recorded_capture(clouds_only)
+    assert set(recorded) == {"pointcloud_xyz", "pointcloud_rgb"}
+    assert apply_capture(recorded, None, None, None)[:2] == ("touch_shelf", 48)
 
 
 @pytest.mark.slow
