@@ -23,6 +23,7 @@ already written, so a run longer than a session can be finished in the next.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import os
 import platform
@@ -58,6 +59,23 @@ class EvalSplit:
 
 
 @dataclass
+class Variant:
+    """One arm of a comparison: its own policy label, training config and overrides (on top of the
+    experiment's). Variants with the same ``group`` are seeds of one policy: the comparison pools
+    them and bootstraps over seeds and rollouts."""
+
+    name: str
+    policy: str
+    train_config: str | None = None
+    overrides: dict[str, Any] = field(default_factory=dict)
+    group: str | None = None
+
+    @property
+    def group_name(self) -> str:
+        return self.group or self.name
+
+
+@dataclass
 class Experiment:
     name: str
     task: str
@@ -71,6 +89,21 @@ class Experiment:
     collect: dict[str, Any] | None = None
     anchors: list[dict[str, Any]] = field(default_factory=list)
     description: str = ""
+    variants: list[Variant] = field(default_factory=list)
+    # The comparison's reference group (default: the first variant's) and its bootstrap level.
+    reference: str | None = None
+    confidence: float = 0.9
+
+    def variant(self, arm: Variant) -> Experiment:
+        """The single experiment one variant runs (no variants of its own)."""
+        return dataclasses.replace(
+            self,
+            name=f"{self.name}/{arm.name}",
+            policy=arm.policy,
+            train_config=arm.train_config or self.train_config,
+            overrides={**self.overrides, **arm.overrides},
+            variants=[],
+        )
 
     @property
     def max_steps(self) -> int:
@@ -80,7 +113,10 @@ class Experiment:
 def load_experiment(path: Path) -> Experiment:
     raw = yaml.safe_load(path.read_text())
     evals = [EvalSplit(**entry) for entry in raw.pop("eval")]
-    experiment = Experiment(evals=evals, **raw)
+    variants = [Variant(**entry) for entry in raw.pop("variants", [])]
+    experiment = Experiment(evals=evals, variants=variants, **raw)
+    if len({v.name for v in variants}) != len(variants):
+        raise ValueError(f"{path}: variant names must be unique")
     if sorted(set(experiment.checkpoints)) != list(experiment.checkpoints) or min(experiment.checkpoints) < 1:
         raise ValueError(f"{path}: checkpoints must be increasing positive step counts")
     return experiment
@@ -476,6 +512,139 @@ def write_readme(
     (out / "README.md").write_text("\n".join(lines).rstrip() + "\n")
 
 
+# --- comparing variants ------------------------------------------------------------------------------
+def _final_rollouts(experiment: Experiment, folder: Path, label: str) -> Any:
+    import pandas as pd
+
+    return pd.read_csv(folder / "rollouts" / f"step{experiment.max_steps}_{label}.csv")
+
+
+def bootstrap_difference(
+    arm: list[Any], reference: list[Any], metric: str, confidence: float, draws: int = 4000, seed: int = 0
+) -> tuple[float, float, float]:
+    """Difference of the pooled mean ``metric`` (arm minus reference) with a bootstrap interval:
+    each draw resamples the seeds of each side (when it has several), then the rollouts of each
+    drawn seed. ``arm`` and ``reference`` are lists of per-seed rollout tables."""
+    import numpy as np
+
+    rng = np.random.default_rng(seed)
+
+    def pooled(tables: list[Any]) -> float:
+        return float(np.concatenate([t[metric].to_numpy(float) for t in tables]).mean())
+
+    def draw(tables: list[Any]) -> float:
+        values = [tables[i][metric].to_numpy(float) for i in rng.integers(0, len(tables), len(tables))]
+        return float(np.concatenate([v[rng.integers(0, len(v), len(v))] for v in values]).mean())
+
+    differences = np.array([draw(arm) - draw(reference) for _ in range(draws)])
+    low, high = np.quantile(differences, [(1 - confidence) / 2, (1 + confidence) / 2])
+    return pooled(arm) - pooled(reference), float(low), float(high)
+
+
+def compare_variants(experiment: Experiment, out: Path, args: argparse.Namespace) -> None:
+    """The comparison of the variants' final checkpoints (per split: pooled success and score with
+    Wilson intervals, the difference to the reference group with a bootstrap interval over seeds
+    and rollouts), as ``README.md`` and ``summary.json`` in ``out``."""
+    import pandas as pd
+    from demoscale.eval.rollout import mean_interval, wilson_interval
+
+    groups: dict[str, list[Variant]] = {}
+    for arm in experiment.variants:
+        groups.setdefault(arm.group_name, []).append(arm)
+    reference = experiment.reference or experiment.variants[0].group_name
+    level = experiment.confidence
+    summaries = {
+        arm.name: json.loads((out / arm.name / "summary.json").read_text()) for arm in experiment.variants
+    }
+    rows, headline_rows = [], []
+    for spec in experiment.evals:
+        label = spec.label
+        tables = {
+            g: [_final_rollouts(experiment, out / a.name, label) for a in arms] for g, arms in groups.items()
+        }
+        for group, arms in groups.items():
+            pooled = pd.concat(tables[group], ignore_index=True)
+            n, successes = len(pooled), int(pooled["success"].sum())
+            low, high = wilson_interval(successes, n, level)
+            score_low, score_high = mean_interval(pooled["score"].to_numpy(float), level)
+            minutes = [summaries[a.name]["train_minutes"] for a in arms]
+            row = {
+                "split": label, "group": group, "policy": arms[0].policy, "seeds": len(arms), "n_rollouts": n,
+                "success_rate": successes / n, "success_ci": [low, high],
+                "score": float(pooled["score"].mean()), "score_ci": [score_low, score_high],
+                "train_minutes": sum(minutes) / len(minutes),
+            }  # fmt: skip
+            if group != reference:
+                for metric in ("success", "score"):
+                    value, d_low, d_high = bootstrap_difference(
+                        tables[group], tables[reference], metric, level
+                    )
+                    row[f"{metric}_minus_{reference}"] = [value, d_low, d_high]
+            rows.append(row)
+            split = "train" if label.startswith("train") else "unseen"
+            for metric, value, ci in (("success_rate", row["success_rate"], row["success_ci"]),
+                                      ("score", row["score"], row["score_ci"])):  # fmt: skip
+                headline_rows.append({
+                    "task": experiment.task, "policy": row["policy"], "split": split, "split_name": label,
+                    "metric": metric, "value": round(value, 4), "ci_low": round(ci[0], 4),
+                    "ci_high": round(ci[1], 4), "confidence": level, "n_rollouts": n,
+                    "train_minutes": round(row["train_minutes"], 2), "train_steps": experiment.max_steps,
+                    "seeds": len(arms),
+                })  # fmt: skip
+    summary = {
+        "name": experiment.name,
+        "task": experiment.task,
+        "command": " ".join(["python", "benchmarks/learning_curve.py", os.path.relpath(args.experiment, ROOT)]),
+        "commit": _git_commit(),
+        "machine": machine(),
+        "reference": reference,
+        "confidence": level,
+        "variants": {a.name: {"group": a.group_name, "policy": a.policy, "overrides": a.overrides,
+                              "train_config": a.train_config or experiment.train_config} for a in experiment.variants},
+        "comparison": rows,
+        "headline": headline_rows,
+    }  # fmt: skip
+    (out / "summary.json").write_text(json.dumps(summary, indent=1, default=float) + "\n")
+    pct = f"{level:.0%}"
+    lines = [
+        f"# {experiment.name}",
+        "",
+        experiment.description.strip(),
+        "",
+        "```bash",
+        summary["command"],
+        "```",
+        "",
+    ]
+    lines += [f"Commit `{summary['commit']}`. Final checkpoints ({experiment.max_steps} steps) of every variant; "
+              f"intervals at {pct}: Wilson for the pooled rates, bootstrap over seeds and rollouts for the "
+              f"differences to `{reference}`. Each variant's learning curve is in its own folder.", ""]  # fmt: skip
+    header = ["split", "policy", "seeds", "rollouts", "success", "score", f"success - {reference}",
+              f"score - {reference}", "train min"]  # fmt: skip
+    lines += ["| " + " | ".join(header) + " |", "|" + " --- |" * len(header)]
+
+    def diff(row: dict[str, Any], metric: str) -> str:
+        value = row.get(f"{metric}_minus_{reference}")
+        return "" if value is None else f"{value[0]:+.2f} [{value[1]:+.2f}, {value[2]:+.2f}]"
+
+    for row in rows:
+        folder = groups[row["group"]][0].name
+        cells = [
+            row["split"],
+            f"[{row['group']}]({folder}/)",
+            str(row["seeds"]),
+            str(row["n_rollouts"]),
+            f"{row['success_rate']:.2f} [{row['success_ci'][0]:.2f}, {row['success_ci'][1]:.2f}]",
+            f"{row['score']:.3f} [{row['score_ci'][0]:.3f}, {row['score_ci'][1]:.3f}]",
+            diff(row, "success"),
+            diff(row, "score"),
+            f"{row['train_minutes']:.1f}",
+        ]
+        lines.append("| " + " | ".join(cells) + " |")
+    (out / "README.md").write_text("\n".join(lines).rstrip() + "\n")
+    print(f"wrote {out}/summary.json, README.md (comparison of {len(experiment.variants)} variants)")
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("experiment", help="experiment YAML (configs/experiments/)")
@@ -485,11 +654,37 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument("--resume", action="store_true", help="continue an interrupted run")
     parser.add_argument("--eval-batch", type=int, default=50, help="environments stepped in lockstep")
+    parser.add_argument(
+        "--variant", default=None, help="run only this variant (others can run beside it in another process)"
+    )
+    parser.add_argument(
+        "--compare-only", action="store_true", help="only write the comparison of variants already run"
+    )
     args = parser.parse_args(argv)
 
     experiment = load_experiment(Path(args.experiment))
     out = Path(args.out) if args.out else ROOT / "docs" / "results" / experiment.name
     run_dir = Path(args.run_dir) if args.run_dir else ROOT / "runs" / "experiments" / experiment.name
+    if not experiment.variants:
+        return run_one(experiment, out, run_dir, args)
+    names = [v.name for v in experiment.variants]
+    if args.variant is not None and args.variant not in names:
+        raise SystemExit(f"{args.experiment}: no variant {args.variant!r}; variants: {', '.join(names)}")
+    if not args.compare_only:
+        prepare_store(experiment)  # once, before variants run side by side
+        for arm in experiment.variants:
+            if args.variant in (None, arm.name):
+                run_one(experiment.variant(arm), out / arm.name, run_dir / arm.name, args)
+    if all((out / v.name / "summary.json").exists() for v in experiment.variants):
+        compare_variants(experiment, out, args)
+    else:
+        missing = [v.name for v in experiment.variants if not (out / v.name / "summary.json").exists()]
+        print(f"comparison waits for the variants {', '.join(missing)}")
+    return 0
+
+
+def run_one(experiment: Experiment, out: Path, run_dir: Path, args: argparse.Namespace) -> int:
+    """Train one experiment (or variant), evaluate its checkpoints and write its record."""
     out.mkdir(parents=True, exist_ok=True)
     run_dir.mkdir(parents=True, exist_ok=True)
     load_before = os.getloadavg()
@@ -513,6 +708,7 @@ def main(argv: list[str] | None = None) -> int:
         "policy": experiment.policy,
         "command": " ".join(
             ["python", "benchmarks/learning_curve.py", os.path.relpath(args.experiment, ROOT)]
+            + (["--variant", experiment.name.split("/", 1)[1]] if "/" in experiment.name else [])
         ),
         "commit": _git_commit(),
         "machine": machine_at_start,
