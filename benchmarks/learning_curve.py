@@ -146,13 +146,15 @@ def prepare_store(experiment: Experiment) -> Path:
         print(f"ingesting {source} -> {store}", flush=True)
         ingest_replay_buffer(source, store, progress=False, **spec)
     elif experiment.collect is not None:
-        from demoscale.collect.umi import ingest_umi
+        from demoscale.collect import ingest
+        from demoscale.eval import get_task
         from demoscale.eval.collect_sim import collect_sim
 
         raw = store.parent / f"{store.stem}_raw"
         print(f"collecting {experiment.collect} -> {raw}", flush=True)
         collect_sim(experiment.task, out_dir=raw, progress=False, **experiment.collect)
-        ingest_umi(raw, store, progress=False)
+        # The simulator writes the task family's raw format (UMI zips, JoyLo recordings).
+        ingest(get_task(experiment.task).source_format, raw, store, progress=False)
     else:
         raise FileNotFoundError(
             f"{experiment.name}: store {store} is absent and nothing says how to build it"

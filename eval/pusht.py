@@ -268,5 +268,6 @@ PUSHT = TaskDefinition(
     images_optional=True,
     # 50 initial states from the unseen range, one rollout each, as the literature evaluates PushT.
     eval_envs=50,
-    extras={"source_format": "replay_buffer", "success_coverage": SUCCESS_COVERAGE},
+    source_format="replay-buffer",
+    extras={"success_coverage": SUCCESS_COVERAGE},
 )

@@ -99,7 +99,8 @@ class TaskDefinition:
       (values in [0, 1]), reported beside the stage score;
     - ``eval_envs``: how many environments ``demoscale eval`` rolls out by default (one rollout each);
     - ``images_optional``: its ``make_env`` takes ``images=False`` to skip rendering the image
-      observations (evaluation does so for a policy that observes none of ``image_keys``).
+      observations (evaluation does so for a policy that observes none of ``image_keys``);
+    - ``source_format``: the ingest format (``demoscale ingest NAME``) of what ``write_demos`` writes.
     """
 
     name: str
@@ -117,6 +118,7 @@ class TaskDefinition:
     eval_envs: int = 10
     images_optional: bool = False
     extras: Mapping[str, Any] = field(default_factory=dict)
+    source_format: str = "umi"
 
     def observation_shapes(self, image_size: int) -> dict[str, tuple[int, ...]]:
         """Store key -> per-frame shape of the observations at ``image_size``."""

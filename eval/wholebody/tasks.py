@@ -192,6 +192,7 @@ def write_joylo_demos(
 FETCH_SHELF = TaskDefinition(
     name="fetch_shelf",
     family="wholebody",
+    source_format="joylo",
     make_env=make_fetch_shelf_env,
     write_demos=write_joylo_demos,
     low_dim_features={
@@ -208,13 +209,14 @@ FETCH_SHELF = TaskDefinition(
     max_steps=WholeBodyConfig.max_steps,
     n_stages=len(STAGES),
     description="drive to a shelf, raise the torso, grasp the object, place it on a table (whole body, JoyLo)",
-    extras={"source_format": "joylo", "stages": STAGES},
+    extras={"stages": STAGES},
 )
 
 
 TOUCH_SHELF = TaskDefinition(
     name="touch_shelf",
     family="wholebody",
+    source_format="joylo",
     make_env=make_touch_shelf_env,
     write_demos=partial(write_joylo_demos, task="touch_shelf"),
     low_dim_features={
@@ -231,5 +233,5 @@ TOUCH_SHELF = TaskDefinition(
     max_steps=TOUCH_SHELF_DEFAULTS["max_steps"],
     n_stages=len(TOUCH_STAGES),
     description="drive to a shelf, raise the torso to the board, touch the object (whole body, JoyLo)",
-    extras={"source_format": "joylo", "stages": TOUCH_STAGES},
+    extras={"stages": TOUCH_STAGES},
 )

@@ -78,3 +78,12 @@ def test_unique_pairing_gives_each_environment_its_own_object(tmp_path) -> None:
     ]
     with pytest.raises(ValueError, match="as many objects as environments"):
         collect_sim("push", 2, 1, 1, tmp_path / "other", pairing="unique", progress=False)
+
+
+def test_every_task_names_the_ingest_format_its_demos_are_written_in() -> None:
+    from demoscale.collect import FORMATS
+    from demoscale.eval import get_task, task_names
+
+    formats = {name: get_task(name).source_format for name in task_names()}
+    assert set(formats.values()) <= set(FORMATS), formats
+    assert formats["touch_shelf"] == formats["fetch_shelf"] == "joylo" and formats["reach"] == "umi"
