@@ -23,7 +23,7 @@ from demoscale.collect.sources import resolve_sources
 from numcodecs import Blosc
 
 
-def _robomimic(root: Path, seed: int) -> tuple[Path, Callable[[], None]]:
+def _robomimic(root: Path, seed: int, joylo_episode: Callable[..., dict]) -> tuple[Path, Callable[[], None]]:
     rng = np.random.default_rng(seed)
     root.mkdir(parents=True)
     path = root / "demos.hdf5"
@@ -43,7 +43,9 @@ def _robomimic(root: Path, seed: int) -> tuple[Path, Callable[[], None]]:
     return path, damage
 
 
-def _replay_buffer(root: Path, seed: int) -> tuple[Path, Callable[[], None]]:
+def _replay_buffer(
+    root: Path, seed: int, joylo_episode: Callable[..., dict]
+) -> tuple[Path, Callable[[], None]]:
     rng = np.random.default_rng(seed)
     path = root / "buffer.zarr"
     lengths = (6, 7, 5)
@@ -64,8 +66,7 @@ def _replay_buffer(root: Path, seed: int) -> tuple[Path, Callable[[], None]]:
     return path, damage
 
 
-def _joylo(root: Path, seed: int) -> tuple[Path, Callable[[], None]]:
-    from conftest import joylo_episode
+def _joylo(root: Path, seed: int, joylo_episode: Callable[..., dict]) -> tuple[Path, Callable[[], None]]:
     from demoscale.collect import write_joylo_episode
 
     rng = np.random.default_rng(seed)
@@ -80,7 +81,7 @@ def _joylo(root: Path, seed: int) -> tuple[Path, Callable[[], None]]:
     return folder, damage
 
 
-def _lerobot(root: Path, seed: int) -> tuple[Path, Callable[[], None]]:
+def _lerobot(root: Path, seed: int, joylo_episode: Callable[..., dict]) -> tuple[Path, Callable[[], None]]:
     episodes = layouts.make_episodes(seed, [6, 7, 5], ("top",))
     path = layouts.write_v30(root / "lerobot", episodes, ("top",), data_files=[[0, 1, 2]],
                              video_files=[[0, 1, 2]], codec="libx264")  # fmt: skip
@@ -105,16 +106,16 @@ def _plan(name: str, path: Path):
 
 @pytest.mark.parametrize("name", sorted(SOURCES))
 def test_a_source_damaged_after_planning_leaves_the_store_as_it_was(
-    tmp_path: Path, name: str, snapshot
+    tmp_path: Path, name: str, snapshot, make_joylo_episode
 ) -> None:
     codec = "png"
-    first, _ = SOURCES[name](tmp_path / "first", seed=1)
+    first, _ = SOURCES[name](tmp_path / "first", 1, make_joylo_episode)
     adapter, features, plans, sources = _plan(name, first)
     store = tmp_path / "store.zarr"
     write_plans(store, features, plans, adapter, sources=sources, image_codec=codec, progress=False)
     before = snapshot(store)
 
-    second, damage = SOURCES[name](tmp_path / "second", seed=2)
+    second, damage = SOURCES[name](tmp_path / "second", 2, make_joylo_episode)
     adapter, features, plans, sources = _plan(name, second)
     damage()
     with pytest.raises(IngestError) as raised:
