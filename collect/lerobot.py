@@ -464,7 +464,7 @@ def _decode_pyav(part: VideoPart, channels: int, where: str) -> np.ndarray:
         for frame in container.decode(stream):
             position = wanted.get(frame.pts)
             if position is not None and frames[position] is None:
-                frames[position] = frame.to_ndarray(format=pixel_format)
+                frames[position] = frame.to_ndarray(format=pixel_format, threads=1)  # repeatable
                 found += 1
                 if found == len(frames):
                     break

@@ -281,7 +281,10 @@ class VideoWriter:
             self._open(frames.shape[1], frames.shape[2])
         start = self.frames_in_file
         for image in frames:
-            frame = av.VideoFrame.from_ndarray(np.ascontiguousarray(image), format="rgb24")
+            # One swscale thread: sliced over every core its output is not the same run to run.
+            frame = av.VideoFrame.from_ndarray(np.ascontiguousarray(image), format="rgb24").reformat(
+                format=self.stream.pix_fmt, threads=1
+            )
             frame.pts, frame.time_base = self.frames_in_file, Fraction(1, self.fps)
             self._mux(self.stream.encode(frame))
             self.frames_in_file += 1

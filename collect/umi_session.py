@@ -214,7 +214,7 @@ def _rgb_frames_pyav(path: str | os.PathLike, start: int, end: int) -> Iterator[
             except av.FFmpegError as error:  # a damaged tail: the video ends where decoding stops
                 raise IngestError(f"{_too_short(path, index, start, end)} ({error})") from None
             if index >= start:
-                yield frame.to_ndarray(format="rgb24")
+                yield frame.to_ndarray(format="rgb24", threads=1)  # one swscale thread: repeatable
             index += 1
     if index < end:
         raise _too_short(path, index, start, end)

@@ -161,7 +161,11 @@ def encode_episode(frames: np.ndarray, codec: str, options: Mapping[str, Any]) -
     for index, frame in enumerate(frames):
         if padded != (height, width):
             frame = np.pad(frame, ((0, padded[0] - height), (0, padded[1] - width), (0, 0)), mode="edge")
-        picture = av.VideoFrame.from_ndarray(np.ascontiguousarray(frame), format="rgb24")
+        # Converted here, on one thread: left to the encoder, swscale slices the frame over every
+        # core, and its output then differs now and again between runs (seen in Ray workers).
+        picture = av.VideoFrame.from_ndarray(np.ascontiguousarray(frame), format="rgb24").reformat(
+            format="yuv420p", threads=1
+        )
         picture.pts = index
         if index % gop == 0:
             picture.pict_type = av.video.frame.PictureType.I
