@@ -307,7 +307,7 @@ def _locate_unreadable_frame(store: EpisodeStore, key: str, start: int, stop: in
     path = f"data/{key}"
     for frame in range(start, stop):
         try:
-            store._read_encoded_frames(key, np.arange(frame, frame + 1))
+            store._frames(key).encoded(np.arange(frame, frame + 1))
         except StoreError as error:
             raise StoreError(
                 f"{store.location}: {path} {_describe(store, path, frame, frame + 1)}: damaged frame: "
@@ -332,7 +332,7 @@ def _check_video_key(store: EpisodeStore, key: str, bar: Any) -> None:
         for block in range(episode_start, episode_end, step):
             block_end = min(episode_end, block + step)
             try:
-                packets = store._read_encoded_frames(key, np.arange(block, block_end))
+                packets = store._frames(key).encoded(np.arange(block, block_end))
             except StoreError:
                 _locate_unreadable_frame(store, key, block, block_end)
                 raise
@@ -367,7 +367,7 @@ def check_every_value(store: EpisodeStore, progress: bool = False) -> None:
     with tqdm(total=total, unit="frame", desc="validate --deep", disable=not progress) as bar:
         for key, spec in store.features.items():
             path = f"data/{key}"
-            codec = store._image_codec(key)
+            codec = store._frames(key).codec
             if spec.kind == "image" and codecs.is_video(codec):
                 _check_video_key(store, key, bar)
                 continue
@@ -376,7 +376,7 @@ def check_every_value(store: EpisodeStore, progress: bool = False) -> None:
                 where = f"{store.location}: {path} {_describe(store, path, start, stop)}"
                 if spec.kind == "image":
                     try:
-                        encoded = store._read_encoded_frames(key, np.arange(start, stop))
+                        encoded = store._frames(key).encoded(np.arange(start, stop))
                     except StoreError:
                         _locate_unreadable_frame(store, key, start, stop)
                         raise

@@ -16,7 +16,8 @@ makes a batch of appends visible together or, on any error, not at all.
 
 This module is the store's API. What a store is made of (feature specs, the array layout, checks of
 offered episodes) is in ``schema.py``; chunk and shard files (fast frame reads, batched writes,
-rollback journals) in ``shards.py``; statistics in ``statistics.py``; validation in
+rollback journals) in ``shards.py``; reading an image key's frames (codecs, video decoding) in
+``frames.py``; statistics in ``statistics.py``; validation in
 ``integrity.py``; repair after a killed writer in ``repair.py``.
 """
 
@@ -37,6 +38,7 @@ import numpy as np
 import pandas as pd
 import zarr
 from demoscale.datasets import codecs, video
+from demoscale.datasets.frames import ImageKeyFrames, reading_errors
 from demoscale.datasets.locking import try_writer_lock, writer_lock
 from demoscale.datasets.schema import (
     CHUNK_BYTES,
@@ -56,7 +58,6 @@ from demoscale.datasets.schema import (
     layout_differences,
 )
 from demoscale.datasets.shards import (
-    LocalShardReader,
     LocalShardWriter,
     TailJournal,
     create_by_rename,
@@ -186,11 +187,8 @@ class EpisodeStore:
         self._arrays: dict[str, zarr.Array] = {}
         self._stats_memory: dict[str, dict[str, Any]] = {}
         self._cleaned = False
-        self._shard_readers: dict[str, LocalShardReader | None] = {}
+        self._image_frames: dict[str, ImageKeyFrames] = {}
         self._shard_writers: dict[str, LocalShardWriter | None] = {}
-        # Per video image key: (process id, its reader). A forked DataLoader worker gets a copy of
-        # this handle; its decoders and caches are made again in the worker, not shared.
-        self._video_readers: dict[str, tuple[int, video.VideoKeyReader]] = {}
         self._staged: _Staged | None = None
         self._refresh()
 
@@ -457,58 +455,36 @@ class EpisodeStore:
             raise StoreError(f"{self.location}: unknown key {key!r}; keys are {', '.join(self.features)}")
         return self.features[key]
 
-    def _image_codec(self, key: str) -> str:
-        """The codec of image key ``key`` (its array's attribute; the store's for older stores)."""
-        return self._array(f"data/{key}").attrs.get("codec", self.image_codec)
+    def _frames(self, key: str) -> ImageKeyFrames:
+        """The reader of image key ``key``'s stored frames (made on first use, dropped on rollback)."""
+        frames = self._image_frames.get(key)
+        if frames is None:
+            frames = ImageKeyFrames(
+                self.location,
+                key,
+                self.features[key],
+                lambda: self._array(f"data/{key}"),
+                self.image_codec,
+                self.image_codec_options,
+            )
+            self._image_frames[key] = frames
+        return frames
 
     def _image_codec_options(self, key: str) -> tuple[str, dict[str, Any]]:
         """The codec of image key ``key`` and its encoder options."""
-        attrs = self._array(f"data/{key}").attrs
-        return attrs.get("codec", self.image_codec), dict(
-            attrs.get("codec_options", self.image_codec_options)
-        )
+        frames = self._frames(key)
+        return frames.codec, dict(frames.options)
 
-    def _video_reader(self, key: str) -> video.VideoKeyReader:
-        held = self._video_readers.get(key)
-        if held is None or held[0] != os.getpid():
-            codec, options = self._image_codec_options(key)
-            held = (os.getpid(), video.VideoKeyReader(codec, options, self.features[key].shape))
-            self._video_readers[key] = held
-        return held[1]
-
-    def _read_video(self, key: str, frames: np.ndarray) -> np.ndarray:
-        """Decoded frames of a video image key at sorted unique global indices."""
-        reader = self._video_reader(key)
-        try:
-            return reader.read(
-                frames,
-                self.episode_starts,
-                self._episode_ends,
-                lambda wanted: self._read_encoded_frames(key, wanted),
-            )
-        except ValueError as error:
-            raise StoreError(
-                f"{self.location}: data/{key} {error} (`demoscale store validate --deep` checks every frame)"
-            ) from None
+    def _read_images(self, key: str, frames: np.ndarray) -> np.ndarray:
+        """Decoded images of image key ``key`` at sorted unique global indices."""
+        return self._frames(key).decoded(frames, self.episode_starts, self._episode_ends)
 
     def video_packets_decoded(self, key: str) -> int:
         """How many packets of video image key ``key`` this handle has decoded in this process (0 for
         other keys): what random access costs, for benchmarks and tests (a frame decodes from its
         key frame on, so a random frame costs at most ``gop`` packets)."""
-        self._check_key(key)
-        held = self._video_readers.get(key)
-        return held[1].decoded_packets if held is not None and held[0] == os.getpid() else 0
-
-    def _decode_images(self, key: str, encoded: np.ndarray) -> np.ndarray:
-        spec = self.features[key]
-        codec = self._image_codec(key)
-        out = np.empty((len(encoded), *spec.shape), dtype=np.uint8)
-        for i, data in enumerate(encoded):
-            try:
-                codecs.decode_frame(data, codec, out=out[i])
-            except Exception as error:
-                raise StoreError(f"{self.location}: cannot decode frame of {key!r} ({error})") from None
-        return out
+        spec = self._check_key(key)
+        return self._frames(key).packets_decoded if spec.kind == "image" else 0
 
     def read(self, key: str, start: int, stop: int) -> np.ndarray:
         """Frames ``start:stop`` (global frame indices, committed frames only) of ``key``, decoded."""
@@ -519,10 +495,8 @@ class EpisodeStore:
         if spec.kind == "image":
             if stop == start:
                 return np.empty((0, *spec.shape), dtype=np.uint8)
-            if codecs.is_video(self._image_codec(key)):
-                return self._read_video(key, np.arange(start, stop))
-            return self._decode_images(key, self._read_encoded_frames(key, np.arange(start, stop)))
-        with self._reading(key, slice(start, stop)):
+            return self._read_images(key, np.arange(start, stop))
+        with reading_errors(self.location, key, slice(start, stop)):
             return np.asarray(self._array(f"data/{key}")[start:stop])
 
     def read_encoded(self, key: str, start: int, stop: int) -> list[bytes]:
@@ -535,7 +509,7 @@ class EpisodeStore:
             raise StoreError(f"{self.location}: frames {start}:{stop} of {key!r} outside 0:{self.n_frames}")
         if stop == start:
             return []
-        return [bytes(b) for b in self._read_encoded_frames(key, np.arange(start, stop))]
+        return [bytes(b) for b in self._frames(key).encoded(np.arange(start, stop))]
 
     def read_frames(self, key: str, frame_indices: Sequence[int] | np.ndarray) -> np.ndarray:
         """Frames at arbitrary global indices (any order, repeats allowed), read in one zarr call."""
@@ -547,53 +521,17 @@ class EpisodeStore:
         if len(unique) == 0:
             return np.empty((0, *spec.shape), dtype=np.uint8 if spec.kind == "image" else spec.dtype)
         if spec.kind == "image":
-            if codecs.is_video(self._image_codec(key)):
-                return self._read_video(key, unique)[inverse]
-            encoded = self._read_encoded_frames(key, unique)
-            return self._decode_images(key, encoded[inverse])
+            frames = self._frames(key)
+            if frames.is_video:
+                return frames.decoded(unique, self.episode_starts, self._episode_ends)[inverse]
+            return frames.decode(frames.encoded(unique)[inverse])
         array = self._array(f"data/{key}")
-        with self._reading(key, unique):
+        with reading_errors(self.location, key, unique):
             if len(unique) == unique[-1] - unique[0] + 1:
                 raw = array[int(unique[0]) : int(unique[-1]) + 1]  # contiguous: a plain slice is cheapest
             else:
                 raw = array.get_orthogonal_selection(unique)
         return np.asarray(raw)[inverse]
-
-    def _read_encoded_frames(self, key: str, frames: np.ndarray) -> np.ndarray:
-        """Encoded bytes of image frames (sorted unique global indices) as an object array."""
-        if key not in self._shard_readers:
-            self._shard_readers[key] = LocalShardReader.for_array(
-                self.location, key, self._array(f"data/{key}")
-            )
-        reader = self._shard_readers[key]
-        if reader is not None:
-            found = reader.read(frames)
-            if found is not None:
-                out = np.empty(len(found), dtype=object)
-                out[:] = found
-                return out
-        array = self._array(f"data/{key}")
-        with self._reading(key, frames):
-            if len(frames) == frames[-1] - frames[0] + 1:
-                return array[int(frames[0]) : int(frames[-1]) + 1]
-            return array.get_orthogonal_selection(frames)
-
-    @contextmanager
-    def _reading(self, key: str, frames: np.ndarray | slice) -> Iterator[None]:
-        """Turn zarr's errors for damaged chunks (checksums, truncated files) into a StoreError."""
-        try:
-            yield
-        except StoreError:
-            raise
-        except Exception as error:
-            if isinstance(frames, slice):
-                span = f"{frames.start}:{frames.stop}"
-            else:
-                span = f"{int(frames[0])}..{int(frames[-1])}" if len(frames) else "-"
-            raise StoreError(
-                f"{self.location}: data/{key} frames {span} cannot be read (damaged chunk? "
-                f"`demoscale store validate --deep` locates it): {type(error).__name__}: {error}"
-            ) from None
 
     def episode(self, index: int) -> dict[str, np.ndarray]:
         """All keys of one committed episode, decoded."""
@@ -873,9 +811,8 @@ class EpisodeStore:
                 if array.shape[0] > length:
                     array.resize((length, *array.shape[1:]))
         self._arrays.clear()
-        self._shard_readers.clear()
+        self._image_frames.clear()
         self._shard_writers.clear()
-        self._video_readers.clear()
         self._refresh()
 
     # ------------------------------------------------------------------ statistics
@@ -983,7 +920,7 @@ class EpisodeStore:
         computed_on = attrs.pop(_DERIVED_FRAMES, array.shape[0])
         if computed_on != self.n_frames or array.shape[0] != self.n_frames:
             return None
-        with self._reading(key, slice(0, self.n_frames)):
+        with reading_errors(self.location, key, slice(0, self.n_frames)):
             values = np.asarray(array[:])
         return DerivedArray(values, attrs)
 

@@ -118,7 +118,8 @@ def _encoder_options(codec: str, options: Mapping[str, Any]) -> dict[str, str]:
     gop = int(options["gop"])
     if codec == "h264":
         # Key frames exactly every gop frames (no scene-cut ones), IDR with its SPS/PPS each time,
-        # no B-frames, one thread (so the bytes are the same on every machine and run).
+        # no B-frames, one thread: the bytes repeat run to run on one machine (almost always: one
+        # run in some hundreds differed in one group of pictures), and x264's assembly differs by CPU.
         return {
             "preset": str(options["preset"]),
             "crf": str(options["crf"]),
