@@ -316,11 +316,12 @@ def axis_fits(results: Any, rollouts: Any, axis: str, confidence: float) -> dict
     )
     preferred, evidence = "loglog", "only the log-log law could be fitted"
     if "aicc" in comparable and comparable["aicc"].notna().sum() >= 2:
-        best = comparable.loc[comparable["aicc"].idxmin()]
-        other = comparable.loc[comparable["aicc"].idxmax()]
-        preferred = str(best["method"])
+        # compare_laws indexes its rows by the law's name.
+        best_law, other_law = comparable["aicc"].idxmin(), comparable["aicc"].idxmax()
+        best, other = comparable.loc[best_law], comparable.loc[other_law]
+        preferred = str(best_law)
         evidence = (
-            f"AICc {best['aicc']:.1f} ({best['method']}) against {other['aicc']:.1f} ({other['method']}); "
+            f"AICc {best['aicc']:.1f} ({best_law}) against {other['aicc']:.1f} ({other_law}); "
             f"leave-one-out RMSE of the log gap {best['loo_rmse']:.3f} against {other['loo_rmse']:.3f}"
         )
     low, high = loglog.conf_int["alpha"]

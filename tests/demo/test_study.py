@@ -15,6 +15,7 @@ from demoscale.study import (
     AXES,
     SequentialRule,
     StudyConfig,
+    axis_fits,
     choose_plans,
     eval_spec,
     load_study_config,
@@ -55,6 +56,24 @@ def test_each_substudy_is_evaluated_on_its_own_unseen_settings() -> None:
     assert (envs["options"]["env_split"], envs["options"]["object_split"]) == ("unseen", "train")
     assert (envs["n_envs"], envs["n_objects"]) == (config.eval_settings, 1)
     assert pairs["options"]["pairing"] == "unique" and pairs["options"]["object_split"] == "unseen"
+
+
+def test_axis_fits_names_the_law_the_data_prefer() -> None:
+    """Five points on a saturating law (floor 0.25): both laws fit, and the comparison picks one."""
+    rng = np.random.default_rng(3)
+    counts = np.array([1, 2, 4, 8, 16])
+    gap = 0.25 + 0.5 * counts**-0.8
+    results = pd.DataFrame({"trial_id": [f"t{n}" for n in counts], "n_objects": counts, "score": 1 - gap,
+                            "n_rollouts": 400})  # fmt: skip
+    rollouts = pd.concat(
+        [pd.DataFrame({"trial_id": f"t{n}", "rollout_index": range(400),
+                       "score": (rng.random(400) < 1 - g).astype(float)}) for n, g in zip(counts, gap, strict=True)],
+        ignore_index=True,
+    )  # fmt: skip
+    rollouts["success"] = rollouts["score"] == 1.0
+    summary = axis_fits(results, rollouts, "n_objects", 0.9)["summary"]
+    assert summary["preferred_law"] in ("loglog", "saturating")
+    assert "AICc" in summary["evidence"] and summary["alpha"] < 0 and summary["n_trials"] == 5
 
 
 def test_sequential_replay_cuts_each_trial_where_the_rule_stops() -> None:
