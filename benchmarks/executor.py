@@ -3,13 +3,17 @@
 Both modes run the same policy on the same environment, alternately, ``--repeats`` times; the table
 gives the median control rate of each and their ratio (async / sync). The environment either replays
 a stored episode with ``--step-cost-s`` of sleep per step (standing in for the robot executing the
-action), or, with ``--task``, is a simulated task (then success is reported as well).
+action), or, with ``--task``, is a simulated task run as a robot of ``--control-hz`` (each control
+step takes at least its period, as on hardware); success is then reported with a Wilson interval,
+and ``--pairs N`` runs repeat r on environment and object r mod N (the task's training pairs).
 
 Without ``--checkpoint`` a small WB-VIMA network with random weights is built on a synthetic JoyLo
 store (timing does not depend on the weights).
 
     python benchmarks/executor.py [--checkpoint CKPT] [--store STORE | --task fetch_shelf [--env-option K=V]]
                                   [--steps 32 --step-cost-s 0.1 --repeats 3 --threads 1] [--json [PATH]]
+    python benchmarks/executor.py --checkpoint CKPT --task touch_shelf --control-hz 10 --steps 150 \
+                                  --pairs 16 --repeats 16          # the whole-body comparison
 """
 
 from __future__ import annotations
@@ -87,14 +91,17 @@ def random_wbvima_policy(store_path: Path, n_points: int):
     return Policy(network, {"family": "wbvima", "features": features}, "cpu", None)
 
 
-def make_environment(args: argparse.Namespace, store_path: Path | None):
+def make_environment(args: argparse.Namespace, store_path: Path | None, repeat: int = 0):
     from demoscale.policies.executor import ReplayEnv
 
     if args.task:
         from demoscale.eval import make_env
         from demoscale.eval.cli import parse_env_options
 
-        return make_env(args.task, args.env_id, args.object_id, seed=0, **parse_env_options(args.env_option))
+        env_id, object_id = args.env_id, args.object_id
+        if args.pairs:
+            env_id = object_id = repeat % args.pairs
+        return make_env(args.task, env_id, object_id, seed=0, **parse_env_options(args.env_option))
     return ReplayEnv(str(store_path), episode=0, step_cost_s=args.step_cost_s)
 
 
@@ -112,6 +119,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--steps", type=int, default=32, help="control steps per episode")
     parser.add_argument(
         "--step-cost-s", type=float, default=0.1, help="sleep per replayed step (10 Hz robot)"
+    )
+    parser.add_argument(
+        "--control-hz", type=float, default=0.0,
+        help="simulated task: the robot's control rate (0: as fast as the simulator steps)",
+    )  # fmt: skip
+    parser.add_argument(
+        "--pairs", type=int, default=0, help="simulated task: repeat r on env and object r mod PAIRS"
     )
     parser.add_argument("--n-points", type=int, default=256, help="points of the synthetic cloud")
     parser.add_argument("--inference-steps", type=int, help="denoising steps (default: the policy's)")
@@ -137,6 +151,7 @@ def main(argv: list[str] | None = None) -> int:
         if args.inference_steps:
             policy.num_inference_steps = args.inference_steps
         env = make_environment(args, store_path)
+        period = 1.0 / args.control_hz if args.task and args.control_hz > 0 else 0.0
         runs: dict[str, list] = {"sync": [], "async": []}
         HierarchicalExecutor(policy, mode="sync").run(env, n_steps=2)  # warm-up (allocations, lazy init)
         window = ObservationHistory(policy.obs_offsets)
@@ -147,12 +162,17 @@ def main(argv: list[str] | None = None) -> int:
             policy.predict_action(window.window())
             inference_s.append(time.perf_counter() - started)
         for repeat in range(args.repeats):
+            if args.task and args.pairs and repeat:
+                if callable(getattr(env, "close", None)):
+                    env.close()
+                env = make_environment(args, store_path, repeat)
             for mode in ("sync", "async"):
-                runs[mode].append(
-                    HierarchicalExecutor(policy, mode=mode, seed=repeat, replan_every=args.replan_every).run(
-                        env, args.steps, seed=repeat
-                    )
+                executor = HierarchicalExecutor(
+                    policy, mode=mode, seed=repeat, replan_every=args.replan_every, control_period_s=period
                 )
+                runs[mode].append(executor.run(env, args.steps, seed=repeat))
+                print(f"  repeat {repeat}: {mode} {runs[mode][-1].control_rate_hz:.2f} Hz, "
+                      f"success {runs[mode][-1].success}", flush=True)  # fmt: skip
         close = getattr(env, "close", None)
         if callable(close):
             close()
@@ -167,10 +187,17 @@ def main(argv: list[str] | None = None) -> int:
                 float(np.mean([r.success for r in results])) if results[0].success is not None else None
             ),
         }
+        if results[0].success is not None:
+            from demoscale.eval.rollout import wilson_interval
+
+            low, high = wilson_interval(sum(bool(r.success) for r in results), len(results), 0.9)
+            summary[mode]["success_ci90"] = [low, high]
     ratio = summary["async"]["control_rate_hz_median"] / summary["sync"]["control_rate_hz_median"]
     report = {
         "policy": args.checkpoint or "random WB-VIMA",
         "environment": args.task or f"replay (step cost {args.step_cost_s} s)",
+        "control_hz": args.control_hz if args.task else 1.0 / args.step_cost_s if args.step_cost_s else 0.0,
+        "pairs": args.pairs,
         "steps": args.steps,
         "repeats": args.repeats,
         "n_action_steps": policy.n_action_steps,
@@ -182,9 +209,11 @@ def main(argv: list[str] | None = None) -> int:
     print(
         f"executor benchmark: {report['policy']} on {report['environment']}, {args.steps} steps x {args.repeats}"
     )
-    print(f"{'mode':<6} {'control Hz (median)':>20} {'chunks':>7} {'stalls':>7} {'success':>8}")
+    print(f"{'mode':<6} {'control Hz (median)':>20} {'chunks':>7} {'stalls':>7} {'success (90% CI)':>8}")
     for mode, row in summary.items():
         success = "-" if row["success_rate"] is None else f"{row['success_rate']:.2f}"
+        if "success_ci90" in row:
+            success += " [{:.2f}, {:.2f}]".format(*row["success_ci90"])
         print(
             f"{mode:<6} {row['control_rate_hz_median']:>20.2f} {row['chunks_median']:>7.0f} "
             f"{row['stalls_median']:>7.0f} {success:>8}"
