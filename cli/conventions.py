@@ -199,6 +199,10 @@ def read_yaml(path: str | os.PathLike, what: str = "config") -> dict[str, Any]:
         data = yaml.safe_load(path.read_text()) or {}
     except yaml.YAMLError as err:
         raise ConfigError(f"{path}: not valid YAML: {err}") from None
+    except UnicodeDecodeError:
+        raise ConfigError(f"{path}: not a YAML {what} file (not UTF-8 text)") from None
+    except OSError as err:
+        raise ConfigError(f"{path}: cannot be read: {err.strerror or err}") from None
     if not isinstance(data, dict):
         raise ConfigError(f"{path}: a {what} must be a mapping of keys to values, got {type(data).__name__}")
     return data

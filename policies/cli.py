@@ -138,6 +138,13 @@ class PolicyCLI(LightningCLI):
             "--logger_dir", type=str | None, default=None, help="tracker files (default: the root folder)"
         )
 
+    def _parse_ckpt_path(self) -> None:
+        # LightningCLI reads the resume checkpoint's hyperparameters right after parsing (this hook,
+        # before any public one), with a raw torch.load: the file is checked safely before that.
+        if self.config.get("subcommand"):
+            _check_resume_checkpoint(self.config[self.config.subcommand].get("ckpt_path"))
+        super()._parse_ckpt_path()
+
     def before_instantiate_classes(self) -> None:
         config = self.config[self.subcommand] if self.subcommand else self.config
         if "weights_only" in config and config.get("weights_only") is None:
@@ -182,6 +189,20 @@ class PolicyCLI(LightningCLI):
                     f"x {n_devices} device(s)"
                 )
             trainer["accumulate_grad_batches"] = global_batch // per_step
+
+
+def _check_resume_checkpoint(ckpt_path: str | None) -> None:
+    """A checkpoint file to resume from is read safely first, so that a hostile or damaged file is a
+    message naming it (``ConfigError``), not a traceback from deep inside Lightning's loader."""
+    if not ckpt_path or ckpt_path in ("last", "best", "hpc", "registry"):
+        return
+    from demoscale.conventions import ConfigError
+    from demoscale.policies.checkpoints import CheckpointError, load_checkpoint
+
+    try:
+        load_checkpoint(ckpt_path)
+    except (CheckpointError, OSError) as err:
+        raise ConfigError(f"--ckpt_path {ckpt_path}: {err}") from None
 
 
 def make_cli(

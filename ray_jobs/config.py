@@ -13,8 +13,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import yaml
-
 LOGGERS = ("csv", "tensorboard", "wandb", "mlflow")  # demoscale.policies.cli.LOGGERS, without torch
 
 
@@ -220,27 +218,19 @@ def load_sweep_config(path: str | os.PathLike, overrides: dict[str, Any] | None 
     Relative paths inside it resolve against the current working folder, or against the file's own
     ``base_dir`` key (itself relative to the file) when it has one.
     """
-    from demoscale.conventions import ConfigError, apply_overrides
+    from demoscale.conventions import ConfigError, apply_overrides, read_yaml
 
-    path = Path(path)
-    if not path.exists():
-        raise SweepConfigError(f"sweep config not found: {path}")
-    try:
-        with open(path) as handle:
-            data = yaml.safe_load(handle) or {}
-    except yaml.YAMLError as err:  # syntax errors, and tags (!!python/...) that safe loading refuses
-        raise SweepConfigError(f"{path}: not a valid sweep YAML file: {err}") from None
-    except (OSError, UnicodeDecodeError) as err:
-        raise SweepConfigError(f"{path}: cannot be read: {err}") from None
-    if not isinstance(data, dict):
-        raise SweepConfigError(f"{path}: a sweep file is a mapping of keys, not a {type(data).__name__}")
+    try:  # the one YAML reader of every command: safe loading, and a message naming the file
+        data = read_yaml(path, "sweep config")
+    except ConfigError as err:
+        raise SweepConfigError(str(err)) from None
     if overrides:
         try:
             data = apply_overrides(data, overrides, str(path))
         except ConfigError as err:
             raise SweepConfigError(str(err)) from None
     if "base_dir" in data:
-        data["base_dir"] = str((path.parent / str(data["base_dir"])).resolve())
+        data["base_dir"] = str((Path(path).parent / str(data["base_dir"])).resolve())
     return sweep_config_from_dict(data, source=str(path), base_dir=os.getcwd())
 
 

@@ -142,7 +142,7 @@ class LiveTable(Callback):
         name = _trial_id(trial)
         self.state[name] = state
         if self.live is not None:
-            self.live.update(self._render())
+            self.live.update(self._render(), refresh=True)
         else:
             score = self.scores.get(name)
             detail = f" score={score:.3f}" if score is not None else ""
@@ -158,7 +158,8 @@ class LiveTable(Callback):
         name = _trial_id(trial)
         self.progress[name] = progress
         if self.live is not None:
-            self.live.update(self._render())
+            # Drawn now: a short trial's progress could otherwise change twice between refreshes.
+            self.live.update(self._render(), refresh=True)
             return
         now = time.perf_counter()
         # Throttled, except the report of a finished training, which every trial prints once.

@@ -73,7 +73,8 @@ def run_in_terminal(
         while True:
             if time.monotonic() > deadline:
                 process.kill()
-                raise TimeoutError(f"{argv} still running after {timeout} s")
+                tail = b"".join(chunks)[-3000:].decode("utf-8", "replace")
+                raise TimeoutError(f"{argv} still running after {timeout} s; its last output:\n{tail}")
             ready, _, _ = select.select([main_fd], [], [], 0.5)
             if ready:
                 try:

@@ -106,6 +106,18 @@ def test_demo_refuses_a_folder_it_did_not_make(tmp_path: Path, capsys) -> None:
         ["store", "export"],
         ["collect", "sim"],
         ["laws", "recommend"],
+        ["laws", "fit"],
+        ["laws", "compare"],
+        ["laws", "plot"],
+        ["study"],
+        ["ingest", "robomimic"],
+        ["ingest", "joylo"],
+        ["ingest", "umi-session"],
+        ["ingest", "replay-buffer"],
+        ["store", "validate"],
+        ["store", "repair"],
+        ["store", "label-waypoints"],
+        ["eval", "import-scores"],
     ],
 )
 def test_help_shows_defaults_and_kebab_case_flags(command: list[str], capsys) -> None:
@@ -121,14 +133,25 @@ def test_help_shows_defaults_and_kebab_case_flags(command: list[str], capsys) ->
         if "_" in f and f not in {"--print_config", "--image_size", "--env_option", "--batch_size"}
     )  # fmt: skip  (older spellings kept as aliases)
     assert not snake, f"snake_case flags: {snake}"
-    if command not in (["store", "info"], ["sweep"]):
+    # (commands whose every option is a switch or is required have no default to show)
+    if command not in (["store", "info"], ["sweep"], ["store", "validate"], ["store", "repair"],
+                       ["store", "label-waypoints"]):  # fmt: skip
         assert "default" in text, "defaults are shown in --help"
+
+
+def test_a_config_file_that_is_not_text_is_a_message(tmp_path: Path, capsys) -> None:
+    binary = tmp_path / "random.yaml"
+    binary.write_bytes(bytes(range(128, 256)) * 8)
+    for command in (["demo"], ["eval", "expert"], ["sweep"]):
+        assert demoscale_main([*command, "--config", str(binary)]) == 2, command
+        captured = capsys.readouterr()
+        assert "not a YAML" in captured.err and "Traceback" not in captured.err, captured.err
 
 
 def test_usage_errors_exit_2_on_stderr(tmp_path: Path, capsys) -> None:
     assert demoscale_main(["sweep", "--config", "absent.yaml"]) == 2
     captured = capsys.readouterr()
-    assert captured.out == "" and captured.err.startswith("demoscale sweep: error: sweep config not found")
+    assert captured.out == "" and captured.err.startswith("demoscale sweep: error: sweep config file not found")
     # The exit code a shell sees, from a real process.
     result = subprocess.run(
         [sys.executable, "-m", "demoscale", "store", "info", "--store", str(tmp_path / "absent.zarr")],

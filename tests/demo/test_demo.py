@@ -112,11 +112,17 @@ def test_demo_config_rejects_too_few_environment_counts() -> None:
         DemoConfig(env_counts=[1, 2], max_envs=2)
 
 
+# Hang guard, not a speed limit: the quick demo takes about 2-4 minutes on a loaded 2-core machine.
+QUICK_DEMO_HANG_GUARD_S = 1200
+
+
+@pytest.mark.timeout(QUICK_DEMO_HANG_GUARD_S + 120)  # the run's own guard fires first, with its output
 def test_quick_demo_writes_a_complete_report(tmp_path: Path, terminal) -> None:
     """Run as a newcomer runs it: in an interactive terminal (the sweep's live table draws)."""
     out = tmp_path / "demo"
     code, output = terminal(
-        [sys.executable, "-m", "demoscale", "demo", "--out", str(out), "--quick"], timeout=1800
+        [sys.executable, "-m", "demoscale", "demo", "--out", str(out), "--quick"],
+        timeout=QUICK_DEMO_HANG_GUARD_S,
     )
     assert code == 0, output[-3000:]
     assert "Traceback" not in output, output[-3000:]

@@ -9,7 +9,9 @@ from pathlib import Path
 
 import pytest
 import torch
+import yaml
 from conftest import tiny_config
+from demoscale.conventions import ConfigError
 from demoscale.policies import CheckpointError, load_checkpoint, load_policy, train
 
 
@@ -66,8 +68,16 @@ def test_eval_refuses_a_hostile_checkpoint(hostile) -> None:
 
 def test_resuming_from_a_hostile_checkpoint_runs_no_code(hostile, tabletop_store, tmp_path) -> None:
     path, marker = hostile
-    with pytest.raises(Exception, match="Unsupported global|io.open"):
+    with pytest.raises(ConfigError, match=r"--ckpt_path .*hostile\.ckpt: .*io\.open"):
         train(tiny_config(tabletop_store, tmp_path / "resumed"), {"ckpt_path": str(path)})
+    assert not marker.exists()
+    # From the command line: a message naming the file, exit 2, no traceback, no code run.
+    config = tmp_path / "train.yaml"
+    config.write_text(yaml.safe_dump(tiny_config(tabletop_store, tmp_path / "cli")))
+    command = [sys.executable, "-m", "demoscale", "train", "fit", "--config", str(config)]
+    result = subprocess.run([*command, "--ckpt_path", str(path)], capture_output=True, text=True, timeout=600)
+    assert result.returncode == 2, result.stderr[-2000:]
+    assert "io.open" in result.stderr and "Traceback" not in result.stderr
     assert not marker.exists()
 
 
