@@ -124,14 +124,49 @@ def _checkpoint_step(path: Path) -> int | None:
         return None
 
 
+def _finished_checkpoint(folder: Path, max_steps: int, resources: Any) -> dict[str, Any] | None:
+    """The training record of a ``last.ckpt`` already at ``max_steps`` whose result was never
+    recorded (the attempt died between the final checkpoint and the record), or None.
+
+    Training is done: the checkpoint holds the final weights, so the trial evaluates it instead of
+    resuming (which would train 0 steps and log nothing). The record is written, as after training.
+    """
+    from demoscale.policies import CheckpointError, load_checkpoint
+
+    last = last_checkpoint(str(folder))
+    if last is None:
+        return None
+    try:
+        checkpoint = load_checkpoint(last)
+        steps = int(checkpoint["global_step"])
+        batches = int(checkpoint["loops"]["fit_loop"]["epoch_loop.batch_progress"]["total"]["processed"])
+        batch_size = int(checkpoint["datamodule_hyper_parameters"]["batch_size"])
+    except (CheckpointError, FileNotFoundError, KeyError, TypeError, ValueError):
+        return None  # damaged or foreign: _prepare_resume decides
+    if steps < max_steps:
+        return None
+    record = {
+        "checkpoint_path": last,
+        "steps": steps,
+        # batches per rank x micro-batch x ranks, as TrainResult counts them
+        "samples_seen": batches * batch_size * max(1, int(resources.workers)),
+        "metrics": {},
+        "recovered_from_checkpoint": True,
+    }
+    _write_json(folder / TRAIN_RESULT_FILE, record)
+    return record
+
+
 def _prepare_resume(folder: Path, max_steps: int) -> str | None:
     """What training should resume from: ``"last"``, a step checkpoint's path, or None (from scratch).
 
-    A ``last.ckpt`` already at ``max_steps`` means training finished but its result was never
-    recorded (the attempt died in between). Resuming from it would train 0 steps and log no
-    validation metrics, so training resumes from the newest step checkpoint before the end instead
-    (resuming is exact: the same weights and metrics as an uninterrupted run); the checkpoints after
-    it are removed so that Lightning writes them again under their own names.
+    Called when no finished training is on record (nor, for rollout scoring, in ``last.ckpt``: see
+    :func:`_finished_checkpoint`). A ``last.ckpt`` already at ``max_steps`` whose result was never
+    recorded cannot be resumed (0 steps, no validation metric, which offline scoring needs), nor can
+    one torn by a kill while it was written: training then resumes from the newest readable step
+    checkpoint before the end (resuming is exact: the same weights and metrics as an uninterrupted
+    run); the checkpoints after it are removed so that Lightning writes them again under their
+    own names.
     """
     last = last_checkpoint(str(folder))
     if last is None:
@@ -216,6 +251,8 @@ def run_trial(
     resume_from = None
     attempt = 1
     if local_folder is not None:
+        if recorded is None and config.eval.mode != "offline":  # offline scores need training's val metric
+            recorded = _finished_checkpoint(local_folder, max_steps, config.trial_resources(point["policy"]))
         if recorded is None:
             resume_from = _prepare_resume(local_folder, max_steps)
         attempt = _log_attempt(

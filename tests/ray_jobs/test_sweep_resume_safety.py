@@ -56,25 +56,61 @@ def test_resume_takes_rows_of_finished_trials_from_their_folders(two_trials, swe
         run_sweep(two_trials)
 
 
-def test_trial_whose_training_finished_unrecorded_does_not_fail(two_trials, sweep_files) -> None:
-    """last.ckpt already at max_steps, no result on record: the trial completes with the same score."""
+def test_trial_whose_training_finished_unrecorded_is_evaluated_without_training(two_trials, sweep_files) -> None:
+    """last.ckpt already at max_steps, no result on record, rollout scoring: training is done, the
+    trial evaluates that checkpoint (no step trained again) and completes with the same row."""
+    two_trials = dict(two_trials, eval={"mode": "rollouts", "task": "reach", "n_envs": 1, "episodes": 2})
+    config, points = _points(two_trials)
+    output = str(sweep_files["output"])
+    # The sweep's tiny store has no simulator behind it: this scorer reads the checkpoint it is given
+    # (a real file) and scores its weights, so the same final weights give the same score.
+    runtime = TrialRuntime(config=config, output=output, evaluate_fn=_score_of_weights)
+    first = run_trial(points[0], runtime)
+    folder = sweep_files["output"] / "trials" / points[0]["trial_id"]
+    for name in ("row.json", "rollouts.json", "train_result.json"):
+        (folder / name).unlink(missing_ok=True)  # as if the attempt died right after its final checkpoint
+    checkpoints = {p.name: p.stat().st_mtime_ns for p in (folder / "checkpoints").iterdir()}
+    again = run_trial(points[0], runtime)
+    assert {p.name: p.stat().st_mtime_ns for p in (folder / "checkpoints").iterdir()} == checkpoints
+    assert again["row"]["train_steps"] == 4
+    assert again["row"]["samples_seen"] == first["row"]["samples_seen"]
+    assert again["score"] == pytest.approx(first["score"])  # the same final weights
+    assert json.loads((folder / "train_result.json").read_text())["recovered_from_checkpoint"] is True
+    # With the training result on record, a later attempt evaluates without training at all.
+    (folder / "row.json").unlink()
+    third = run_trial(points[0], runtime)
+    assert third["score"] == pytest.approx(first["score"])
+    assert {p.name: p.stat().st_mtime_ns for p in (folder / "checkpoints").iterdir()} == checkpoints
+    assert json.loads((folder / "attempts.jsonl").read_text().splitlines()[-1])["training_done"] is True
+
+
+def _score_of_weights(checkpoint: str, **_: object) -> dict:
+    from demoscale.policies import load_checkpoint
+
+    weights = load_checkpoint(checkpoint)["state_dict"].values()
+    score = float(sum(float(w.float().abs().sum()) for w in weights)) % 1.0
+    summary = {"score": score, "success_rate": 0.5, "success_ci_low": 0.1, "success_ci_high": 0.9}
+    return {"rollouts": None, "summary": summary}
+
+
+def test_offline_trial_whose_training_finished_unrecorded_retrains_its_last_stretch(
+    two_trials, sweep_files
+) -> None:
+    """Offline scoring needs training's validation loss, which a finished last.ckpt does not hold:
+    training resumes from the step checkpoint before the end and reproduces the same score."""
     config, points = _points(two_trials)
     output = str(sweep_files["output"])
     runtime = TrialRuntime(config=config, output=output)
     first = run_trial(points[0], runtime)
     folder = sweep_files["output"] / "trials" / points[0]["trial_id"]
     for name in ("row.json", "rollouts.json", "train_result.json"):
-        (folder / name).unlink(missing_ok=True)  # as if the attempt died right after its final checkpoint
+        (folder / name).unlink(missing_ok=True)
     again = run_trial(points[0], runtime)
     assert again["row"]["train_steps"] == 4
     assert again["score"] == pytest.approx(first["score"])  # exact resume: same weights, same val/loss
-    # With the training result on record, a later attempt evaluates without training at all.
-    (folder / "row.json").unlink()
-    checkpoints = {p.name: p.stat().st_mtime_ns for p in (folder / "checkpoints").iterdir()}
-    third = run_trial(points[0], runtime)
-    assert third["score"] == pytest.approx(first["score"])
-    assert {p.name: p.stat().st_mtime_ns for p in (folder / "checkpoints").iterdir()} == checkpoints
-    assert json.loads((folder / "attempts.jsonl").read_text().splitlines()[-1])["training_done"] is True
+    assert json.loads((folder / "attempts.jsonl").read_text().splitlines()[-1])["resume_from"].endswith(
+        "step0000002.ckpt"
+    )
 
 
 def test_bad_yaml_tag_in_a_sweep_file_is_a_message(tmp_path) -> None:
