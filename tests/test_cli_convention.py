@@ -151,7 +151,9 @@ def test_a_config_file_that_is_not_text_is_a_message(tmp_path: Path, capsys) -> 
 def test_usage_errors_exit_2_on_stderr(tmp_path: Path, capsys) -> None:
     assert demoscale_main(["sweep", "--config", "absent.yaml"]) == 2
     captured = capsys.readouterr()
-    assert captured.out == "" and captured.err.startswith("demoscale sweep: error: sweep config file not found")
+    assert captured.out == "" and captured.err.startswith(
+        "demoscale sweep: error: sweep config file not found"
+    )
     # The exit code a shell sees, from a real process.
     result = subprocess.run(
         [sys.executable, "-m", "demoscale", "store", "info", "--store", str(tmp_path / "absent.zarr")],

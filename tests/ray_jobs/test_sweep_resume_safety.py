@@ -56,7 +56,9 @@ def test_resume_takes_rows_of_finished_trials_from_their_folders(two_trials, swe
         run_sweep(two_trials)
 
 
-def test_trial_whose_training_finished_unrecorded_is_evaluated_without_training(two_trials, sweep_files) -> None:
+def test_trial_whose_training_finished_unrecorded_is_evaluated_without_training(
+    two_trials, sweep_files
+) -> None:
     """last.ckpt already at max_steps, no result on record, rollout scoring: training is done, the
     trial evaluates that checkpoint (no step trained again) and completes with the same row."""
     two_trials = dict(two_trials, eval={"mode": "rollouts", "task": "reach", "n_envs": 1, "episodes": 2})
