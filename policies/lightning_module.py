@@ -35,6 +35,9 @@ from torch import nn
 
 CHECKPOINT_KEY = "demoscale"
 CHECKPOINT_FORMAT = 1
+# FSDP2 plan: a child network with more parameters than this is its own FSDP unit (its all-gather
+# overlaps the previous unit's compute); smaller children travel with the root's unit.
+FSDP_CHILD_MIN_PARAMS = 1_000_000
 
 
 @dataclass
@@ -247,7 +250,7 @@ class PolicyModule(L.LightningModule):
         def shard(network: nn.Module) -> None:
             # Each large child first (so their all-gathers overlap), then the root.
             for child in network.children():
-                if sum(p.numel() for p in child.parameters()) > 1_000_000:
+                if sum(p.numel() for p in child.parameters()) > FSDP_CHILD_MIN_PARAMS:
                     fully_shard(child, mesh=mesh)
             fully_shard(network, mesh=mesh)
             # FSDP gathers the root's parameters around forward() only; the contract's entry points

@@ -8,7 +8,8 @@ Used by ``test_distributed.py`` as a real process: Lightning's DDP launcher star
 by running this same command again, so the family must be registered here, not in the test. The
 family's loss draws no random numbers, so a run on W processes with micro-batch B must follow the
 one-process run with batch W x B step by step. Every rank writes ``OUT/rank<r>.json``: per step,
-its loss and a fingerprint of each sample it trained on, and the samples it validated on.
+its loss and a fingerprint of each sample it trained on, the samples it validated on, and at the
+end the sharding plan of the network and its EMA copy (FSDP units; local and full parameter sizes).
 """
 
 from __future__ import annotations
@@ -23,7 +24,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import lightning as L
 import torch
-from demoscale.policies import register_family, train
+from demoscale.policies import lightning_module, register_family, train
 from test_third_family import LINEAR_CHUNK, _config
 
 MAX_STEPS = 30
@@ -64,7 +65,27 @@ class Recorder(L.Callback):
 
     def on_train_end(self, trainer: L.Trainer, module: Any) -> None:
         record = {"world_size": trainer.world_size, "steps": self.steps, "validated": self.validated}
+        record["plan"] = {"policy": sharding_plan(module.policy)}
+        if module.ema is not None:
+            record["plan"]["ema"] = sharding_plan(module.ema.averaged)
         (self.out / f"rank{trainer.global_rank}.json").write_text(json.dumps(record))
+
+
+def sharding_plan(network: torch.nn.Module) -> dict[str, Any]:
+    """Which modules are FSDP units, and each parameter's local and full sizes on this rank."""
+    from torch.distributed.fsdp import FSDPModule
+    from torch.distributed.tensor import DTensor
+
+    units = sorted(name or "<root>" for name, m in network.named_modules() if isinstance(m, FSDPModule))
+    params = {
+        name: {
+            "dtensor": isinstance(p, DTensor),
+            "local": int(p.to_local().numel()) if isinstance(p, DTensor) else int(p.numel()),
+            "full": int(p.numel()),
+        }
+        for name, p in network.named_parameters()
+    }
+    return {"units": units, "params": params}
 
 
 def strategy(name: str, devices: int) -> Any:
@@ -86,6 +107,10 @@ def main(
     store: str, out: str, strategy_name: str, devices: int, batch_size: int, ckpt_path: str | None = None
 ) -> None:
     torch.set_num_threads(1)  # one core per rank
+    if strategy_name == "fsdp2":
+        # The test family's linear layer is tiny: lower the plan's threshold so that the per-child
+        # FSDP units of a large network are made here too.
+        lightning_module.FSDP_CHILD_MIN_PARAMS = 0
     register_family(LINEAR_CHUNK, replace=True)
     folder = Path(out)
     folder.mkdir(parents=True, exist_ok=True)

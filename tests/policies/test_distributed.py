@@ -82,6 +82,24 @@ def test_two_ranks_train_as_one_process_with_the_same_global_batch(runs: Runs, s
         torch.testing.assert_close(two_ranks[key], value, rtol=1e-4, atol=1e-5, msg=key)
 
 
+def test_fsdp2_shards_the_network_and_its_ema_copy_by_one_plan(runs: Runs) -> None:
+    """Every parameter of the trained network and of its EMA copy is a DTensor whose two local
+    shards make up the whole; the large children and the root are FSDP units, in both copies."""
+    ranks = runs("fsdp2")
+    for copy in ("policy", "ema"):
+        plans = [rank["plan"][copy] for rank in ranks]
+        assert plans[0]["units"] == plans[1]["units"], copy
+        assert "<root>" in plans[0]["units"] and "linear" in plans[0]["units"], plans[0]["units"]
+        assert plans[0]["params"], copy
+        for name, param in plans[0]["params"].items():
+            assert param["dtensor"], f"{copy}.{name} is not sharded"
+            assert param["local"] + plans[1]["params"][name]["local"] == param["full"], f"{copy}.{name}"
+            assert 0 < param["local"] < param["full"] or param["full"] == 1, f"{copy}.{name}"
+    assert ranks[0]["plan"]["ema"]["units"] == ranks[0]["plan"]["policy"]["units"]
+    # DDP replicates: nothing is sharded.
+    assert not any(p["dtensor"] for p in runs("ddp")[0]["plan"]["policy"]["params"].values())
+
+
 def test_a_ddp_run_resumed_mid_epoch_ends_as_the_uninterrupted_one(runs: Runs, tabletop_store: Path) -> None:
     uninterrupted, root = runs("ddp"), runs.root
     middle = root / "ddp" / "checkpoints" / "step0000010.ckpt"  # 3 training episodes: 4 batches an epoch
