@@ -537,17 +537,9 @@ def evaluate(
         rows = _run_rollouts(policy_ref, definition.name, jobs, settings, workers, progress)
     else:
         minimum = len(pairs) if min_episodes is None else int(min_episodes)
-        rows = []
-        round_size = max(1, batch_size * max(1, workers))
-        while len(rows) < len(jobs):
-            batch = jobs[len(rows) : len(rows) + round_size]
-            rows += sorted(
-                _run_rollouts(policy_ref, definition.name, batch, settings, workers, progress=False),
-                key=lambda row: row["rollout_index"],
-            )
-            scores = [row["score"] for row in rows]
-            if sequential_stop(scores, stop_halfwidth, minimum, round_size, confidence) <= len(rows):
-                break
+        rows = _run_until_narrow(
+            policy_ref, definition.name, jobs, settings, workers, stop_halfwidth, minimum, confidence
+        )
     wall = time.perf_counter() - started
     rollouts = pd.DataFrame(rows).sort_values("rollout_index").reset_index(drop=True)
     summary = {
@@ -570,14 +562,43 @@ def evaluate(
         "object_split": object_split or split,
         "stop_halfwidth": stop_halfwidth,
     }
-    written = None
-    if out_dir is not None:
-        out = Path(out_dir)
-        out.mkdir(parents=True, exist_ok=True)
-        rollouts.to_csv(out / "rollouts.csv", index=False)
-        (out / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
-        written = str(out)
+    written = _write_record(out_dir, rollouts, summary) if out_dir is not None else None
     return EvalResult(rollouts=rollouts, summary=summary, out_dir=written)
+
+
+def _write_record(out_dir: str | os.PathLike, rollouts: pd.DataFrame, summary: dict[str, Any]) -> str:
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    rollouts.to_csv(out / "rollouts.csv", index=False)
+    (out / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
+    return str(out)
+
+
+def _run_until_narrow(
+    policy_ref: Any,
+    task: str,
+    jobs: list[RolloutJob],
+    settings: tuple,
+    workers: int,
+    halfwidth: float,
+    min_episodes: int,
+    confidence: float,
+) -> list[dict[str, Any]]:
+    """Sequential evaluation: ``jobs`` in rounds of one batch per worker, in their round-robin
+    order, until :func:`sequential_stop` says the score interval is narrow enough (or none are left)."""
+    batch_size = settings[5]
+    round_size = max(1, batch_size * max(1, workers))
+    rows: list[dict[str, Any]] = []
+    while len(rows) < len(jobs):
+        batch = jobs[len(rows) : len(rows) + round_size]
+        rows += sorted(
+            _run_rollouts(policy_ref, task, batch, settings, workers, progress=False),
+            key=lambda row: row["rollout_index"],
+        )
+        scores = [row["score"] for row in rows]
+        if sequential_stop(scores, halfwidth, min_episodes, round_size, confidence) <= len(rows):
+            break
+    return rows
 
 
 def _run_rollouts(
