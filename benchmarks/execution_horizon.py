@@ -2,18 +2,111 @@
 chunk are executed before the policy is asked again (``n_action_steps``) and how many denoising
 steps it takes, on one or more sets of initial states (evaluation seeds).
 
-    python benchmarks/execution_horizon.py CHECKPOINT --task pusht --n-action-steps 8 4 2 --seeds 0 1
+    python benchmarks/execution_horizon.py CHECKPOINT --task pusht --n-action-steps 8 4 --seeds 0 1 2
+    python benchmarks/execution_horizon.py ... --record docs/results/NAME --policy "what it is"
 
 Training is untouched: these are inference settings of the saved policy (``load_policy``'s
 ``num_inference_steps``, ``Policy.n_action_steps``). A table on screen, JSON to
-``benchmarks/results/execution_horizon.json`` (``--json PATH`` to choose).
+``benchmarks/results/execution_horizon.json`` (``--json PATH`` to choose). ``--record DIR`` also
+writes a results record: every rollout (``rollouts.csv``), ``summary.json`` whose ``headline`` rows
+pool each setting's seeds (Wilson interval for success, the evaluator's for the other metrics),
+``README.md`` and ``figure.png``.
 """
 
 from __future__ import annotations
 
 import argparse
+import json
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
 
 from report import add_json_option, emit_json
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def _setting(row: dict[str, Any]) -> str:
+    return f"{row['n_action_steps']} executed, {row['inference_steps']} denoising steps"
+
+
+def write_record(
+    out: Path, args: argparse.Namespace, rows: list[dict[str, Any]], rollouts: Any, minutes: float
+) -> None:
+    """The results record of one run (see the module note)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    import torch
+    from demoscale.eval.rollout import mean_interval, wilson_interval
+
+    out.mkdir(parents=True, exist_ok=True)
+    rollouts.to_csv(out / "rollouts.csv", index=False)
+    metrics = [m for m in ("max_coverage", "score") if m in rollouts.columns]
+    headline, pooled = [], []
+    for (n_action, n_inference), group in rollouts.groupby(["n_action_steps", "inference_steps"], sort=False):
+        successes, n = int(group["success"].sum()), len(group)
+        low, high = wilson_interval(successes, n)
+        entry = {"n_action_steps": int(n_action), "inference_steps": int(n_inference), "n_rollouts": n,
+                 "seeds": sorted(int(s) for s in group["eval_seed"].unique()),
+                 "success_rate": successes / n, "success_ci": [low, high]}  # fmt: skip
+        base = {"task": args.task, "policy": f"{args.policy}; {n_action} actions executed per chunk, {n_inference} "
+                "denoising steps", "split": "unseen", "n_rollouts": n, "train_minutes": args.train_minutes}  # fmt: skip
+        headline.append(
+            {**base, "metric": "success_rate", "value": successes / n, "ci_low": low, "ci_high": high}
+        )
+        for metric in metrics:
+            values = group[metric].to_numpy(float)
+            m_low, m_high = mean_interval(values)
+            name = "mean_max_coverage" if metric == "max_coverage" else metric
+            entry[name], entry[f"{name}_ci"] = float(values.mean()), [m_low, m_high]
+            headline.append({**base, "metric": name, "value": float(values.mean()), "ci_low": m_low, "ci_high": m_high})  # fmt: skip
+        pooled.append(entry)
+    command = "python benchmarks/execution_horizon.py " + " ".join(sys.argv[1:])
+    commit = subprocess.run(
+        ["git", "rev-parse", "HEAD"], capture_output=True, text=True, cwd=ROOT
+    ).stdout.strip()
+    summary = {
+        "name": out.name, "task": args.task, "checkpoint": args.checkpoint, "command": command, "commit": commit,
+        "machine": {"cpus": __import__("os").cpu_count(), "torch": torch.__version__, "torch_threads": args.threads},
+        "eval_minutes": round(minutes, 2), "train_minutes": args.train_minutes, "per_seed": rows,
+        "pooled": pooled, "headline": headline,
+    }  # fmt: skip
+    (out / "summary.json").write_text(json.dumps(summary, indent=1, default=float) + "\n")
+
+    fig, axes = plt.subplots(1, 1 + len(metrics[:1]), figsize=(10, 4), squeeze=False)
+    labels = [f"{p['n_action_steps']} / {p['inference_steps']}" for p in pooled]
+    for ax, (name, key) in zip(axes[0], [("success rate", "success_rate"), ("mean max coverage", "mean_max_coverage")], strict=False):  # fmt: skip
+        if key not in pooled[0]:
+            continue
+        values = [p[key] for p in pooled]
+        cis = [p["success_ci" if key == "success_rate" else f"{key}_ci"] for p in pooled]
+        errors = [[v - c[0] for v, c in zip(values, cis, strict=True)], [c[1] - v for v, c in zip(values, cis, strict=True)]]  # fmt: skip
+        ax.bar(labels, values, yerr=errors, capsize=4, color="#4c72b0")
+        ax.set_ylim(0, 1)
+        ax.set_title(f"{name} (90% interval, {pooled[0]['n_rollouts']} rollouts each)")
+        ax.set_xlabel("actions executed per chunk / denoising steps")
+    fig.tight_layout()
+    fig.savefig(out / "figure.png", dpi=110)
+    plt.close(fig)
+
+    lines = [f"# {out.name}", "", args.policy + ": one checkpoint rolled out with different execution settings.", "",
+             "```bash", command, "```", "",
+             f"Commit `{commit}`; {summary['machine']['cpus']} CPUs, {args.threads} torch thread(s); evaluation "
+             f"{minutes:.1f} min (no training: checkpoint `{args.checkpoint}`).", "", "![figure](figure.png)", "",
+             "| executed / denoising steps | rollouts (seeds) | success | mean max coverage |", "| --- | --- | --- | --- |"]  # fmt: skip
+    for p in pooled:
+        coverage = p.get("mean_max_coverage")
+        cell = f"{coverage:.3f} [{p['mean_max_coverage_ci'][0]:.3f}, {p['mean_max_coverage_ci'][1]:.3f}]" if coverage is not None else ""  # fmt: skip
+        lines.append(f"| {p['n_action_steps']} / {p['inference_steps']} | {p['n_rollouts']} ({', '.join(map(str, p['seeds']))}) "
+                     f"| {p['success_rate']:.2f} [{p['success_ci'][0]:.2f}, {p['success_ci'][1]:.2f}] | {cell} |")  # fmt: skip
+    lines += ["", "Per seed:", "", "| " + " | ".join(rows[0]) + " |", "|" + " --- |" * len(rows[0])]
+    lines += ["| " + " | ".join(str(v) for v in row.values()) + " |" for row in rows]
+    (out / "README.md").write_text("\n".join(lines) + "\n")
+    print(f"wrote {out}/summary.json, rollouts.csv, README.md, figure.png")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -25,15 +118,20 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--seeds", type=int, nargs="+", default=[0], help="evaluation seeds")
     parser.add_argument("--envs", type=int, default=None, help="initial states (default: the task's)")
     parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--record", default=None, help="also write a results record into this folder")
+    parser.add_argument("--policy", default="policy", help="what the checkpoint is, for the record")
+    parser.add_argument("--train-minutes", type=float, default=None, help="the checkpoint's, for the record")
     add_json_option(parser)
     args = parser.parse_args(argv)
 
+    import pandas as pd
     import torch
     from demoscale.eval import evaluate
     from demoscale.policies import load_policy
 
     torch.set_num_threads(args.threads)
-    rows = []
+    started = time.perf_counter()
+    rows, frames = [], []
     for inference_steps in args.inference_steps:
         for n_action_steps in args.n_action_steps:
             for seed in args.seeds:
@@ -51,6 +149,7 @@ def main(argv: list[str] | None = None) -> int:
                     progress=False,
                 )
                 summary = result.summary
+                args.task = args.task or summary["task"]
                 row = {
                     "n_action_steps": n_action_steps,
                     "inference_steps": policy.num_inference_steps,
@@ -63,12 +162,22 @@ def main(argv: list[str] | None = None) -> int:
                 if "mean_max_coverage" in summary:
                     row["mean_max_coverage"] = round(summary["mean_max_coverage"], 3)
                 rows.append(row)
+                frames.append(
+                    result.rollouts.assign(
+                        n_action_steps=n_action_steps,
+                        inference_steps=policy.num_inference_steps,
+                        eval_seed=seed,
+                    )
+                )
                 print("  ".join(f"{key} {value}" for key, value in row.items()), flush=True)
+    minutes = (time.perf_counter() - started) / 60
     columns = list(rows[0])
     print("\n| " + " | ".join(columns) + " |\n|" + " --- |" * len(columns))
     for row in rows:
         print("| " + " | ".join(str(row.get(column, "")) for column in columns) + " |")
     emit_json("execution_horizon", {"checkpoint": args.checkpoint, "rows": rows}, args.json)
+    if args.record:
+        write_record(Path(args.record), args, rows, pd.concat(frames, ignore_index=True), minutes)
     return 0
 
 
