@@ -247,6 +247,13 @@ class PolicyModule(L.LightningModule):
             return
         from torch.distributed.fsdp import fully_shard, register_fsdp_forward_method
 
+        # ModelParallelStrategy's mesh is 2-D (data_parallel x tensor_parallel). Sharding over the
+        # whole mesh is HSDP: replicated across data_parallel and sharded across tensor_parallel,
+        # which is size 1 without tensor parallelism, so nothing would be sharded at all. FSDP
+        # shards over the data-parallel dimension.
+        if mesh.mesh_dim_names and "data_parallel" in mesh.mesh_dim_names:
+            mesh = mesh["data_parallel"]
+
         def shard(network: nn.Module) -> None:
             # Each large child first (so their all-gathers overlap), then the root.
             for child in network.children():
