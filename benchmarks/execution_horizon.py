@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import shlex
 import subprocess
 import sys
 import time
@@ -65,7 +66,7 @@ def write_record(
             entry[name], entry[f"{name}_ci"] = float(values.mean()), [m_low, m_high]
             headline.append({**base, "metric": name, "value": float(values.mean()), "ci_low": m_low, "ci_high": m_high})  # fmt: skip
         pooled.append(entry)
-    command = "python benchmarks/execution_horizon.py " + " ".join(sys.argv[1:])
+    command = shlex.join(["python", "benchmarks/execution_horizon.py", *sys.argv[1:]])
     commit = subprocess.run(
         ["git", "rev-parse", "HEAD"], capture_output=True, text=True, cwd=ROOT
     ).stdout.strip()
