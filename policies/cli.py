@@ -30,6 +30,7 @@ from __future__ import annotations
 import os
 import sys
 import time
+import warnings
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, Literal
@@ -229,5 +230,9 @@ def make_cli(
 
 def main(argv: list[str] | None = None) -> int:
     """``demoscale train ...``."""
-    make_cli(list(sys.argv[1:] if argv is None else argv))
+    with warnings.catch_warnings():
+        # The dispatcher hands over its arguments after the command name; sys.argv still holds the
+        # name, which LightningCLI takes for a second, conflicting command line and warns about.
+        warnings.filterwarnings("ignore", message="LightningCLI's args parameter is intended")
+        make_cli(list(sys.argv[1:] if argv is None else argv))
     return 0
