@@ -59,6 +59,10 @@ class SequentialRule:
     halfwidth: float = 0.07
     min_episodes: int = 20
     round_size: int = 8
+    scale: str = "score"  # or "log-gap", where the laws are fitted (eval.interval_width)
+
+
+_SCALE_WORDS = {"score": "its score", "log-gap": "its log gap log(1 - score)"}
 
 
 @dataclass
@@ -354,7 +358,7 @@ def sequential_replay(
         for index, row in rows.iterrows():
             trial = rollouts[rollouts["trial_id"] == row["trial_id"]].sort_values("rollout_index")
             n = sequential_stop(trial["score"].tolist(), rule.halfwidth, rule.min_episodes, rule.round_size,
-                                confidence)  # fmt: skip
+                                confidence, rule.scale)  # fmt: skip
             prefix = trial.iloc[:n]
             kept.append(prefix)
             used, total = used + n, total + len(trial)
@@ -513,7 +517,9 @@ def run_study(
             joint = str(error)
         plots = _plots(analysis, compute, config, out / "plots")
     with stages.run(
-        "sequential", f"stop once the score interval is within +-{config.sequential.halfwidth:g}"
+        "sequential",
+        f"stop once the interval of {_SCALE_WORDS[config.sequential.scale]} is within "
+        f"+-{config.sequential.halfwidth:g}",
     ):
         cut, saving = sequential_replay({a: tables[a] for a in AXES}, config.sequential, config.confidence)
         sequential = {axis: axis_fits(*cut[axis], axis, config.confidence)["summary"] for axis in AXES}
@@ -721,7 +727,7 @@ The equal-cost alternative, **{v["alternative_plan"]["n_pairs"]} pairs x {v["alt
 ({config.cost_unit}{v["alternative_plan"]["cost"]:,.0f}), achieved {v["alternative_achieved"]:.3f}: the recommendation {beats} it.
 
 ## Cheaper evaluation
-Sequential allocation (stop a trial once its score interval is within +-{q["halfwidth"]:g}, at least
+Sequential allocation (stop a trial once the interval of {_SCALE_WORDS[q.get("scale", "score")]} is within +-{q["halfwidth"]:g}, at least
 {q["min_episodes"]} rollouts, in rounds of {q["round_size"]}), replayed on the recorded rollouts: {q["rollouts_sequential"]}
 rollouts instead of {q["rollouts_fixed"]} (**{q["saved_fraction"]:.0%} saved**). Widths of the alpha intervals, fixed ->
 sequential: {", ".join(f"{AXIS_WORDS[a]} {w['fixed']:.3f} -> {w['sequential']:.3f}" for a, w in q["alpha_ci_widths"].items())}.

@@ -54,6 +54,7 @@ class EvalConfig:
     object_split: str | None = None
     stop_halfwidth: float | None = None
     min_episodes: int | None = None
+    stop_scale: str = "score"
 
 
 def _eval_parser() -> argparse.ArgumentParser:
@@ -120,6 +121,14 @@ def _eval_parser() -> argparse.ArgumentParser:
         default=None,
         help="sequential evaluation: stop once the score interval's half-width is at most this "
         "(--episodes is then the most that run)",
+    )
+    parser.add_argument(
+        "--stop-scale",
+        dest="stop_scale",
+        default="score",
+        choices=["score", "log-gap"],
+        help="with --stop-halfwidth: judge the interval on the score or on log(1 - score), the scale "
+        "the scaling laws are fitted on (a low score is then known well enough sooner)",
     )
     parser.add_argument(
         "--min-episodes",
@@ -316,6 +325,7 @@ def main(argv: list[str]) -> int:
             object_split=config.object_split,
             stop_halfwidth=config.stop_halfwidth,
             min_episodes=config.min_episodes,
+            stop_scale=config.stop_scale,
         )
     except (UnknownTaskError, IdRangeError, SpecMismatchError, ValueError) as err:
         return error("eval", err)

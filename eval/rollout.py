@@ -466,6 +466,7 @@ def evaluate(
     object_split: str | None = None,
     stop_halfwidth: float | None = None,
     min_episodes: int | None = None,
+    stop_scale: str = "score",
 ) -> EvalResult:
     """Roll ``policy`` out on the first ``n_envs`` (default: the task's ``eval_envs``) x
     ``n_objects`` pairs of ``split``.
@@ -476,7 +477,8 @@ def evaluate(
     ``stop_halfwidth`` makes the evaluation sequential: rollouts run in rounds of ``batch_size``
     (times ``workers``), in the usual round-robin order, and stop once at least ``min_episodes``
     (default: one per pair) have run and the score interval's half-width is at most
-    ``stop_halfwidth`` (:func:`sequential_stop`); ``episodes`` is then the most that may run.
+    ``stop_halfwidth`` (:func:`sequential_stop`, on ``stop_scale``: ``"score"`` or ``"log-gap"``);
+    ``episodes`` is then the most that may run.
 
     ``policy`` is a checkpoint path (loaded with ``demoscale.policies.load_policy``), an already
     loaded Policy, or ``"expert"`` (the task's scripted expert). ``pairing`` is ``"grid"`` (every
@@ -538,7 +540,15 @@ def evaluate(
     else:
         minimum = len(pairs) if min_episodes is None else int(min_episodes)
         rows = _run_until_narrow(
-            policy_ref, definition.name, jobs, settings, workers, stop_halfwidth, minimum, confidence
+            policy_ref,
+            definition.name,
+            jobs,
+            settings,
+            workers,
+            stop_halfwidth,
+            minimum,
+            confidence,
+            stop_scale,
         )
     wall = time.perf_counter() - started
     rollouts = pd.DataFrame(rows).sort_values("rollout_index").reset_index(drop=True)
@@ -561,6 +571,7 @@ def evaluate(
         "env_split": env_split or split,
         "object_split": object_split or split,
         "stop_halfwidth": stop_halfwidth,
+        "stop_scale": stop_scale,
     }
     written = _write_record(out_dir, rollouts, summary) if out_dir is not None else None
     return EvalResult(rollouts=rollouts, summary=summary, out_dir=written)
@@ -583,6 +594,7 @@ def _run_until_narrow(
     halfwidth: float,
     min_episodes: int,
     confidence: float,
+    scale: str = "score",
 ) -> list[dict[str, Any]]:
     """Sequential evaluation: ``jobs`` in rounds of one batch per worker, in their round-robin
     order, until :func:`sequential_stop` says the score interval is narrow enough (or none are left)."""
@@ -596,7 +608,7 @@ def _run_until_narrow(
             key=lambda row: row["rollout_index"],
         )
         scores = [row["score"] for row in rows]
-        if sequential_stop(scores, halfwidth, min_episodes, round_size, confidence) <= len(rows):
+        if sequential_stop(scores, halfwidth, min_episodes, round_size, confidence, scale) <= len(rows):
             break
     return rows
 
@@ -613,22 +625,39 @@ def _run_rollouts(
         return [row for future in futures for row in future.result()]
 
 
+STOP_SCALES = ("score", "log-gap")
+
+
+def interval_width(low: float, high: float, scale: str = "score") -> float:
+    """Width of a score interval on the scale a stopping rule judges it: the score itself, or the log
+    optimality gap ``log(1 - score)`` that the scaling laws are fitted in (a gap near 0 counts as
+    1e-3, so an interval that reaches a perfect score is as wide as it can be)."""
+    if scale == "score":
+        return high - low
+    if scale == "log-gap":
+        return math.log(max(1.0 - low, 1e-3)) - math.log(max(1.0 - high, 1e-3))
+    raise ValueError(f"stop scale {scale!r}: expected one of {', '.join(STOP_SCALES)}")
+
+
 def sequential_stop(
     scores: Sequence[float],
     halfwidth: float,
     min_episodes: int,
     round_size: int,
     confidence: float = DEFAULT_CONFIDENCE,
+    scale: str = "score",
 ) -> int:
     """How many of ``scores`` (rollout scores in the order they ran) a sequential evaluation uses:
     the first multiple of ``round_size`` (or the end) at which at least ``min_episodes`` have run and
-    the score interval (:func:`mean_interval`) is at most ``2 * halfwidth``
-    wide; ``len(scores)`` when it never narrows that far.
+    the score interval (:func:`mean_interval`) is at most ``2 * halfwidth`` wide on ``scale``
+    (:func:`interval_width`: ``"score"``, or ``"log-gap"``, where the laws are fitted: a low score
+    is then known well enough sooner than a high one); ``len(scores)`` when it never narrows that far.
 
     The same rule decides when :func:`evaluate` stops, so applying it to a fixed allocation's
     recorded rollouts gives exactly what the sequential evaluation would have run (the rollouts are
     seeded by their index, whatever runs after them).
     """
+    interval_width(0.0, 0.0, scale)  # an unknown scale fails before any rollout is judged
     scores = list(scores)
     n = 0
     while n < len(scores):
@@ -636,7 +665,7 @@ def sequential_stop(
         if n < min_episodes:
             continue
         low, high = mean_interval(scores[:n], confidence)
-        if high - low <= 2 * halfwidth:
+        if interval_width(low, high, scale) <= 2 * halfwidth:
             return n
     return len(scores)
 

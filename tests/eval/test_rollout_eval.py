@@ -209,6 +209,26 @@ def test_sequential_stop_rule() -> None:
     assert sequential_stop(split, halfwidth=0.2, min_episodes=8, round_size=4) == 16
 
 
+def test_log_gap_scale_knows_low_scores_sooner_than_high_ones() -> None:
+    """On log(1 - score), where the laws are fitted, a trial far from success is pinned down by fewer
+    rollouts than one close to it; on the score scale the two mirror images need the same number."""
+    from demoscale.eval import sequential_stop
+    from demoscale.eval.rollout import interval_width
+
+    low = [0.0] * 9 + [1.0]  # success 0.1 (gap 0.9), repeated
+    high = [1.0] * 9 + [0.0]  # success 0.9 (gap 0.1)
+    low, high = low * 10, high * 10
+    rule = {"halfwidth": 0.3, "min_episodes": 10, "round_size": 10}
+    assert sequential_stop(low, **rule) == sequential_stop(high, **rule)
+    fast = sequential_stop(low, **rule, scale="log-gap")
+    slow = sequential_stop(high, **rule, scale="log-gap")
+    assert fast < slow, (fast, slow)
+    assert interval_width(0.2, 0.4, "score") == pytest.approx(0.2)
+    assert interval_width(0.2, 0.4, "log-gap") == pytest.approx(np.log(0.8 / 0.6))
+    with pytest.raises(ValueError, match="stop scale"):
+        sequential_stop(low, **rule, scale="logit")
+
+
 def test_sequential_evaluation_runs_the_prefix_the_rule_chooses() -> None:
     from demoscale.eval import sequential_stop
 
