@@ -228,11 +228,27 @@ def make_cli(
     )
 
 
+def store_alias(argv: list[str]) -> list[str]:
+    """``--store S`` (and ``--store=S``), the name every other command gives the store, as the
+    Lightning CLI's ``--data.store S``."""
+    out, i = [], 0
+    while i < len(argv):
+        arg = argv[i]
+        if arg == "--store" and i + 1 < len(argv):
+            out += ["--data.store", argv[i + 1]]
+            i += 2
+            continue
+        out.append("--data.store=" + arg.removeprefix("--store=") if arg.startswith("--store=") else arg)
+        i += 1
+    return out
+
+
 def main(argv: list[str] | None = None) -> int:
     """``demoscale train ...``."""
+    argv = store_alias(list(sys.argv[1:] if argv is None else argv))
     with warnings.catch_warnings():
         # The dispatcher hands over its arguments after the command name; sys.argv still holds the
         # name, which LightningCLI takes for a second, conflicting command line and warns about.
         warnings.filterwarnings("ignore", message="LightningCLI's args parameter is intended")
-        make_cli(list(sys.argv[1:] if argv is None else argv))
+        make_cli(argv)
     return 0

@@ -200,7 +200,8 @@ def test_print_config_runs_from_the_command_line(tabletop_store):
             "fit",
             "--config",
             "configs/tabletop_laptop.yaml",
-            f"--data.store={tabletop_store}",
+            "--store",  # the name every command gives the store; the Lightning CLI's is --data.store
+            str(tabletop_store),
             "--print_config",
         ],
         capture_output=True,
@@ -212,6 +213,7 @@ def test_print_config_runs_from_the_command_line(tabletop_store):
     assert "DiffusionPolicyModule" in out.stdout
     assert "action_representation: absolute" in out.stdout and "pooling: spatial_softmax" in out.stdout
     assert "every_n_train_steps: 500" in out.stdout
+    assert f"store: {tabletop_store}" in out.stdout
 
 
 def test_angle_observations_are_fed_as_cos_sin_so_a_wrap_is_no_jump(tabletop_store):
