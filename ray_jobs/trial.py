@@ -199,11 +199,16 @@ def _attr(obj: Any, *names: str, default: Any = None) -> Any:
 
 
 def _kill_after_first_checkpoint(folder: str, marker: Path, stop: threading.Event) -> None:
-    """Testing aid: once a checkpoint appears, mark the attempt and SIGKILL this worker process."""
+    """Testing aid: once a whole checkpoint is on disk, mark the attempt and SIGKILL this worker.
+
+    "Whole": ``last.ckpt`` reads back (a file that merely exists may still be being written; a kill
+    then tears it, and the retry resumes from the step checkpoint instead, which is a different
+    case from the one this aid stages)."""
 
     def watch() -> None:
         while not stop.is_set():
-            if last_checkpoint(folder) is not None:
+            path = last_checkpoint(folder)
+            if path is not None and _checkpoint_step(Path(path)) is not None:
                 marker.write_text(
                     json.dumps({"killed_at": time.time(), "checkpoint": last_checkpoint(folder)})
                 )
@@ -355,11 +360,15 @@ def _train(
     policy_config = config.resolve(config.policies[point["policy"]].config)
     stop_watching = threading.Event()
     injected = config.fault_injection.kill_after_first_checkpoint
+    resources = config.trial_resources(point["policy"])
+    kill_marker = None
     if local_folder is not None and injected and ("*" in injected or point["trial_id"] in injected):
         marker = local_folder / "fault_injected.json"
         if not marker.exists():
-            _kill_after_first_checkpoint(str(local_folder), marker, stop_watching)
-    resources = config.trial_resources(point["policy"])
+            if runtime.train_fn is None and resources.workers <= 1:
+                kill_marker = marker  # killed from inside training, at a known step (_train_here)
+            else:
+                _kill_after_first_checkpoint(str(local_folder), marker, stop_watching)
     ranks: list[dict[str, Any]] | None = None
     try:
         if resources.workers > 1:
@@ -375,7 +384,7 @@ def _train(
                 progress=progress,
             )
         else:
-            trained = _train_here(runtime, policy_config, overrides, progress)
+            trained = _train_here(runtime, policy_config, overrides, progress, kill_marker)
     except SystemExit as err:  # the Lightning CLI exits on bad arguments; fail the trial, not the worker
         raise RuntimeError(
             f"trial {point['trial_id']}: training with {policy_config} exited ({err.code}); "
@@ -401,12 +410,19 @@ def _train_here(
     policy_config: str,
     overrides: dict[str, Any],
     progress: Callable[[dict[str, Any]], None] | None,
+    kill_marker: Path | None = None,
 ) -> Any:
-    """One worker: train in this process (the trial's), reporting progress to the sweep."""
+    """One worker: train in this process (the trial's), reporting progress to the sweep.
+
+    ``kill_marker`` (fault injection): at the start of the first batch after a checkpoint was saved,
+    write the marker and SIGKILL this process. Checkpoints are saved in the training thread at the
+    end of a batch, so the kill always comes after a whole ``last.ckpt`` and before the next one."""
     train_fn, train_kwargs = runtime.train_fn, {}
     if train_fn is None:
+        import lightning as L
         from demoscale.policies import train as train_fn
 
+        callbacks: list[Any] = []
         if progress is not None:
             from demoscale.policies.callbacks import TrainingProgress
 
@@ -414,7 +430,22 @@ def _train_here(
                 def report(self, snapshot: dict[str, Any]) -> None:
                     progress(snapshot)
 
-            train_kwargs["callbacks"] = [ProgressToSweep(every_s=PROGRESS_EVERY_S)]
+            callbacks.append(ProgressToSweep(every_s=PROGRESS_EVERY_S))
+        if kill_marker is not None:
+            folder = str(kill_marker.parent)
+
+            class KillAfterFirstCheckpoint(L.Callback):
+                def on_train_batch_start(self, trainer: Any, module: Any, batch: Any, batch_idx: int) -> None:
+                    checkpoint = last_checkpoint(folder)
+                    if checkpoint is not None:
+                        kill_marker.write_text(
+                            json.dumps({"killed_at": time.time(), "checkpoint": checkpoint})
+                        )
+                        os.kill(os.getpid(), signal.SIGKILL)
+
+            callbacks.append(KillAfterFirstCheckpoint())
+        if callbacks:
+            train_kwargs["callbacks"] = callbacks
     return train_fn(policy_config, overrides=overrides, **train_kwargs)
 
 

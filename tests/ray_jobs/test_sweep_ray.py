@@ -28,7 +28,8 @@ def _attempts(output: Path, trial: str) -> list[dict]:
 
 
 def _assert_resumed_from_checkpoint(output: Path, trial: str) -> None:
-    """The second attempt started from last.ckpt and trained on from step 2 instead of redoing it."""
+    """The second attempt started from last.ckpt and trained on from step 2 instead of redoing it
+    (the injected kill comes from inside training, right after the step-2 checkpoint)."""
     attempts = _attempts(output, trial)
     assert [a["attempt"] for a in attempts] == [1, 2]
     assert attempts[0]["resume_from"] is None
