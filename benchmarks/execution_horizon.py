@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import shlex
 import subprocess
 import sys
@@ -72,7 +73,7 @@ def write_record(
     ).stdout.strip()
     summary = {
         "name": out.name, "task": args.task, "checkpoint": args.checkpoint, "command": command, "commit": commit,
-        "machine": {"cpus": __import__("os").cpu_count(), "torch": torch.__version__, "torch_threads": args.threads},
+        "machine": {"cpus": os.cpu_count(), "torch": torch.__version__, "torch_threads": args.threads},
         "eval_minutes": round(minutes, 2), "train_minutes": args.train_minutes, "per_seed": rows,
         "pooled": pooled, "headline": headline,
     }  # fmt: skip
