@@ -305,13 +305,19 @@ class ChunkedFrames:
     than a chunk (PushT: ~125 frames in chunks of 100) would decompress each chunk two or three
     times, and zarr's per-call overhead is paid once per episode and key. Read in episode order,
     this decompresses every chunk about once.
+
+    Where the layout allows (chunks split only the frame axis, C order, no filters), chunks are read
+    as raw members and decompressed by their numcodecs codec directly: zarr-python's read path
+    costs about three times the decompression itself on camera frames (``benchmarks/ingest.py``,
+    "source read"), which made reading a replay buffer dearer than encoding its frames.
     """
 
-    def __init__(self, array: Any) -> None:
+    def __init__(self, array: Any, raw: RawGroup | None = None, name: str | None = None) -> None:
         self.array = array
         self.length = int(array.shape[0])
         self.chunk = max(1, int(array.chunks[0]))
         self._block: tuple[int, int, np.ndarray] | None = None
+        self._direct = _DirectChunks.of(raw, name) if raw is not None and name is not None else None
 
     def read(self, start: int, stop: int) -> np.ndarray:
         """Frames ``start:stop`` (a view into the cached block: copy before changing it)."""
@@ -319,9 +325,61 @@ class ChunkedFrames:
         if block is None or not (block[0] <= start and stop <= block[1]):
             first = start // self.chunk * self.chunk
             last = min(self.length, -(-stop // self.chunk) * self.chunk)
-            block = (first, last, np.asarray(self.array[first:last]))
+            if self._direct is not None:
+                values = self._direct.frames(first // self.chunk, -(-last // self.chunk), last)
+            else:
+                values = np.asarray(self.array[first:last])
+            block = (first, last, values)
             self._block = block
         return block[2][start - block[0] : stop - block[0]]
+
+
+@dataclass
+class _DirectChunks:
+    """Decompress a Zarr format-2 array's chunks straight from their members (see ChunkedFrames)."""
+
+    raw: RawGroup
+    name: str
+    chunks: tuple[int, ...]
+    dtype: np.dtype
+    codec: Any  # a numcodecs codec, or None for uncompressed chunks
+    separator: str
+
+    @classmethod
+    def of(cls, raw: RawGroup, name: str) -> _DirectChunks | None:
+        """The direct reader of ``name`` (e.g. ``data/img``), or None where zarr must read it."""
+        import numcodecs
+
+        meta = raw.array_meta(name)
+        shape, chunks = tuple(meta["shape"]), tuple(meta["chunks"])
+        dtype = np.dtype(meta["dtype"])
+        if meta.get("filters") or meta.get("order", "C") != "C" or chunks[1:] != shape[1:] or dtype.hasobject:
+            return None
+        compressor = meta.get("compressor")
+        codec = numcodecs.get_codec(dict(compressor)) if compressor else None
+        return cls(raw, name, chunks, dtype, codec, meta.get("dimension_separator") or ".")
+
+    def frames(self, first_chunk: int, stop_chunk: int, stop_frame: int) -> np.ndarray:
+        """Frames of chunks ``first_chunk:stop_chunk``, up to global frame ``stop_frame``."""
+        from numcodecs.compat import ensure_ndarray_like
+
+        rest = self.separator.join("0" for _ in self.chunks[1:])
+        parts = []
+        for index in range(first_chunk, stop_chunk):
+            member = f"{self.name}/{index}" + (f"{self.separator}{rest}" if rest else "")
+            payload = self.raw.read(member)
+            try:
+                decoded = payload if self.codec is None else self.codec.decode(payload)
+                flat = np.ascontiguousarray(ensure_ndarray_like(decoded)).reshape(-1).view(np.uint8)
+                values = flat.view(self.dtype).reshape(self.chunks)
+            except Exception as error:
+                raise IngestError(f"{self.raw.path}: chunk {member} does not decode: {error}") from error
+            parts.append(values)
+        values = parts[0] if len(parts) == 1 else np.concatenate(parts)
+        values = values[: stop_frame - first_chunk * self.chunks[0]]
+        if not values.dtype.isnative:
+            values = values.astype(values.dtype.newbyteorder("="))
+        return values
 
 
 _FRAMES: dict[str, ChunkedFrames] = {}
@@ -331,6 +389,6 @@ def cached_frames(path: str | os.PathLike, key: str) -> ChunkedFrames:
     """The :class:`ChunkedFrames` of ``data/<key>`` of the source at ``path``, one per process."""
     cache_key = f"{os.getpid()}:{path}:{key}"
     if cache_key not in _FRAMES:
-        _, root = open_cached(path)
-        _FRAMES[cache_key] = ChunkedFrames(root[f"data/{key}"])
+        raw, root = open_cached(path)
+        _FRAMES[cache_key] = ChunkedFrames(root[f"data/{key}"], raw, f"data/{key}")
     return _FRAMES[cache_key]
