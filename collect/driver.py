@@ -12,6 +12,7 @@ without being loaded.
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import os
 import shutil
@@ -32,6 +33,7 @@ from demoscale.collect.source_format import (
     LoadedEpisode,
     SourceFormat,
     check_finite,
+    content_hash,
 )
 from demoscale.collect.sources import SourceIds, resolve_sources
 
@@ -150,7 +152,10 @@ def ingest(
         src, adapter.patterns, manifest=manifest, overrides=overrides, what=adapter.what
     )
     notes: list[str] = []
-    features, plans = plan_sources(adapter, sources, options, max_episodes, progress, notes)
+    # A new store holds nothing to skip: a format that can hash what it loads is not asked to read
+    # every frame twice (once here to hash it, once to load it).
+    hashes = not (getattr(adapter, "hash_on_load", False) and not dry_run and not _store_exists(str(store)))
+    features, plans = plan_sources(adapter, sources, options, max_episodes, progress, notes, hashes)
     planned = time.perf_counter()
     summary = write_plans(
         store,
@@ -180,10 +185,12 @@ def plan_sources(
     max_episodes: int | None = None,
     progress: bool = False,
     notes: list[str] | None = None,
+    hashes: bool = True,
 ) -> tuple[dict[str, Any], list[EpisodePlan]]:
     """Validate every source (up to ``max_episodes`` episodes in all); return the store features they
     share and their episode plans. Sources whose keys, shapes, dtypes or rates differ are refused.
-    The sources' notes are appended to ``notes`` (each once)."""
+    The sources' notes are appended to ``notes`` (each once). ``hashes`` False lets a format with
+    ``hash_on_load`` leave its plans unhashed (the write phase hashes the loaded arrays)."""
     from demoscale.datasets.schema import layout_differences
 
     features: dict[str, Any] | None = None
@@ -192,7 +199,10 @@ def plan_sources(
         remaining = None if max_episodes is None else max_episodes - len(plans)
         if remaining is not None and remaining <= 0:
             break
-        planned = adapter.plan(path, ids, options, remaining, progress)
+        if hashes or not getattr(adapter, "hash_on_load", False):
+            planned = adapter.plan(path, ids, options, remaining, progress)
+        else:
+            planned = adapter.plan(path, ids, options, remaining, progress, hashes=False)
         if features is None:
             features, first = planned.features, path
         elif differences := layout_differences(features, planned.features):
@@ -214,6 +224,12 @@ def plan_sources(
 
 def _rates(features: Mapping[str, Any]) -> list[float | None]:
     return sorted({spec.rate_hz for spec in features.values()}, key=str)
+
+
+def _store_exists(location: str) -> bool:
+    from demoscale.datasets import store_exists
+
+    return store_exists(location)
 
 
 def _existing_store(
@@ -241,22 +257,32 @@ def _existing_store(
 
 
 def _load_and_encode(
-    adapter: SourceFormat, load_args: Any, want_encoded: bool, encode_images: Mapping[str, tuple]
-) -> LoadedEpisode:
-    """Run in a worker: load one episode and encode its image frames in the store's codec (a video
-    codec encodes the episode as one stream).
+    adapter: SourceFormat,
+    load_args: Any,
+    want_encoded: bool,
+    encode_images: Mapping[str, tuple],
+    hash_content: bool = False,
+) -> tuple[dict, dict | None, str | None]:
+    """Run in a worker: load one episode, hash it if asked (``hash_on_load`` formats whose plan left
+    the hash out), and encode its image frames in the store's codec (a video codec encodes the
+    episode as one stream). Returns (arrays, encoded frames, content hash or None).
 
-    Encoding here rather than in the writing process is what spreads the codec work over the
+    Encoding and hashing here rather than in the writing process is what spreads that work over the
     workers; the store copies already-encoded frames as they are.
     """
     from demoscale.datasets.codecs import encode_frames
 
     arrays, encoded = adapter.load(load_args, want_encoded)
+    digest = content_hash(arrays) if hash_content else None
     encoded = dict(encoded or {})
     for key, (codec, options) in encode_images.items():
         if key in arrays and key not in encoded:
             encoded[key] = encode_frames(arrays.pop(key), codec, options)
-    return arrays, encoded
+    return arrays, encoded, digest
+
+
+def _with_hash(plan: EpisodePlan, digest: str | None) -> EpisodePlan:
+    return plan if digest is None else dataclasses.replace(plan, sha256=digest)
 
 
 def _end_with_parent(parent: int) -> None:
@@ -308,11 +334,13 @@ def _loaded_in_order(
     if workers <= 1:
         for plan in plans:
             try:
-                yield plan, adapter.load(plan.load_args, want_encoded)
+                arrays, encoded = adapter.load(plan.load_args, want_encoded)
+                digest = content_hash(arrays) if plan.sha256 is None else None
             except IngestError:
                 raise
             except Exception as error:
                 raise _unloadable(plan, error) from error
+            yield _with_hash(plan, digest), (arrays, encoded)
         return
     # The platform's default start method (fork on Linux: workers start in milliseconds). zarr
     # resets its event loop after a fork, and open sources are cached per process id, so a worker
@@ -324,7 +352,9 @@ def _loaded_in_order(
         queue = iter(plans)
 
         def submit(plan: EpisodePlan) -> None:
-            future = pool.submit(_load_and_encode, adapter, plan.load_args, want_encoded, encode_images)
+            future = pool.submit(
+                _load_and_encode, adapter, plan.load_args, want_encoded, encode_images, plan.sha256 is None
+            )
             pending.append((plan, future))
 
         for plan in queue:
@@ -334,7 +364,7 @@ def _loaded_in_order(
         while pending:
             plan, future = pending.popleft()
             try:
-                result = future.result()
+                arrays, encoded, digest = future.result()
             except IngestError:
                 raise
             except Exception as error:
@@ -342,7 +372,7 @@ def _loaded_in_order(
             next_plan = next(queue, None)
             if next_plan is not None:
                 submit(next_plan)
-            yield plan, result
+            yield _with_hash(plan, digest), (arrays, encoded)
 
 
 def _loaded_on_ray(
@@ -374,7 +404,14 @@ def _loaded_on_ray(
         queue = iter(plans)
 
         def submit(plan: EpisodePlan) -> None:
-            pending.append((plan, load.remote(adapter_ref, plan.load_args, want_encoded, encode_images)))
+            pending.append(
+                (
+                    plan,
+                    load.remote(
+                        adapter_ref, plan.load_args, want_encoded, encode_images, plan.sha256 is None
+                    ),
+                )
+            )
 
         try:
             for plan in itertools.islice(queue, 2 * cpus):
@@ -382,7 +419,7 @@ def _loaded_on_ray(
             while pending:
                 plan, ref = pending.popleft()
                 try:
-                    result = ray.get(ref)
+                    arrays, encoded, digest = ray.get(ref)
                 except ray.exceptions.RayTaskError as error:
                     # The task's own exception, as a local load would raise it (not Ray's wrapper).
                     cause = error.cause
@@ -395,7 +432,7 @@ def _loaded_on_ray(
                 next_plan = next(queue, None)
                 if next_plan is not None:
                     submit(next_plan)
-                yield plan, result
+                yield _with_hash(plan, digest), (arrays, encoded)
         finally:
             # A failure, or a committer that stopped early: the tasks still running are not needed.
             for _, ref in pending:
@@ -444,7 +481,9 @@ def write_plans(
     codec, options, known = _existing_store(location, features, image_codec, image_codec_options)
     to_write: list[EpisodePlan] = []
     for plan in plans:
-        if plan.sha256 in known:
+        if plan.sha256 is None:  # hashed as it is loaded; the store skips it then if it holds it
+            to_write.append(plan)
+        elif plan.sha256 in known:
             summary.skip(plan)
         else:
             known.add(plan.sha256)  # the same content twice in one run is written once

@@ -17,13 +17,13 @@ from typing import Any
 
 from demoscale.collect.driver import IngestSummary, ingest
 from demoscale.collect.source_format import (
-    ContentHash,
     EpisodePlan,
     IngestError,
     LoadedEpisode,
     SourceFormat,
     SourcePlan,
     as_uint8_image,
+    content_hash,
     option,
     validating,
 )
@@ -80,11 +80,21 @@ class ReplayBufferFormat(SourceFormat):
     what = "replay buffer"
     options_type = ReplayBufferOptions
     default_image_codec = "png"  # lossless: stored frames equal the source's
+    hash_on_load = True  # an episode's hash is that of the arrays `load` returns
 
     def plan(
-        self, path: Path, ids: SourceIds, options: ReplayBufferOptions, limit: int | None, progress: bool
+        self,
+        path: Path,
+        ids: SourceIds,
+        options: ReplayBufferOptions,
+        limit: int | None,
+        progress: bool,
+        hashes: bool = True,
     ) -> SourcePlan:
-        """Validate a replay buffer's first ``limit`` episodes (default all): nothing else is written."""
+        """Validate a replay buffer's first ``limit`` episodes (default all): nothing else is written.
+
+        With ``hashes`` False the image frames are not read here (their values are checked as they
+        are loaded) and the plans carry no hash: the driver hashes the loaded arrays."""
         path = Path(path).resolve()
         with episode_group(path) as (_, info, root):
             n_episodes = info.n_episodes if limit is None else min(limit, info.n_episodes)
@@ -97,22 +107,20 @@ class ReplayBufferFormat(SourceFormat):
             plans = []
             for episode in validating(range(n_episodes), path, progress):
                 start, end = info.bounds(episode)
-                digest = ContentHash()
-                for name in sorted(info.arrays):
-                    if name in low_dim:
-                        digest.array(name, low_dim[name][start:end])
-                        continue
-                    try:
-                        frames = cached_frames(path, name).read(start, end)
-                    except Exception as error:
-                        raise IngestError(
-                            f"{path}: key {name!r}, episode {episode}: cannot be read: {error}"
-                        ) from error
-                    digest.array(name, as_uint8_image(frames, str(path), name, episode))
                 load_args = ReplayEpisode(str(path), episode, start, end, images, tuple(sorted(info.arrays)))
-                plans.append(
-                    EpisodePlan(f"{path}#episode={episode}", digest.hexdigest(), end - start, load_args, ids)
-                )
+                digest = None
+                if hashes:
+                    arrays = {name: values[start:end] for name, values in low_dim.items()}
+                    for name in images:
+                        try:
+                            frames = cached_frames(path, name).read(start, end)
+                        except Exception as error:
+                            raise IngestError(
+                                f"{path}: key {name!r}, episode {episode}: cannot be read: {error}"
+                            ) from error
+                        arrays[name] = as_uint8_image(frames, str(path), name, episode)
+                    digest = content_hash(arrays)
+                plans.append(EpisodePlan(f"{path}#episode={episode}", digest, end - start, load_args, ids))
         return SourcePlan(replay_buffer_features(info.arrays, options.rate_hz), plans)
 
     def load(self, episode: ReplayEpisode, want_encoded: bool) -> LoadedEpisode:

@@ -54,7 +54,7 @@ class EpisodePlan:
     """
 
     source: str
-    sha256: str
+    sha256: str | None  # None: hashed from the loaded arrays (formats with ``hash_on_load``)
     length: int
     load_args: Any
     ids: SourceIds
@@ -80,7 +80,7 @@ class NoOptions:
 class SourceFormat(Protocol):
     """A raw demonstration format the driver can ingest (see the module docstring).
 
-    An adapter may subclass this explicitly to take the defaults of the last three attributes.
+    An adapter may subclass this explicitly to take the defaults of the last attributes.
     """
 
     name: str  # registry key and the `demoscale ingest NAME` subcommand
@@ -91,6 +91,11 @@ class SourceFormat(Protocol):
     options_type: type = NoOptions  # frozen dataclass of the format's settings (fields made with `option`)
     default_image_codec: str = "jpeg"  # image codec of a store the ingest creates, unless one is asked for
     copy_codec: str | None = None  # store codec whose frames `load` can hand over encoded (None: never)
+    # True where an episode's content hash is `content_hash` of the arrays `load` returns: `plan`
+    # then takes `hashes=False` and leaves `sha256` None, and the driver hashes the arrays as they are
+    # loaded (in the worker). It does so when the store is new, where nothing can be skipped, so that
+    # a first ingest reads every frame once instead of twice.
+    hash_on_load: bool = False
 
     def plan(self, path: Path, ids: SourceIds, options: Any, limit: int | None, progress: bool) -> SourcePlan:
         """Validate one source file as a whole; at most ``limit`` episodes are needed (None: all)."""
@@ -147,6 +152,12 @@ class ContentHash:
 
     def hexdigest(self) -> str:
         return self._digest.hexdigest()
+
+
+def content_hash(arrays: Mapping[str, np.ndarray]) -> str:
+    """The content hash of an episode's arrays (every key, in key order): what ``hash_on_load``
+    formats record as ``source_sha256``."""
+    return ContentHash().arrays(arrays).hexdigest()
 
 
 def check_finite(values: np.ndarray, where: str, key: str, episode_ends: np.ndarray | None = None) -> None:

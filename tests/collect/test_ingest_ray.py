@@ -116,6 +116,31 @@ def test_ray_tasks_encode_the_same_bytes_as_a_plain_ingest(tmp_path, umi_zip, lo
     assert _files(on_ray) == before
 
 
+def test_episodes_hashed_in_ray_tasks_equal_a_plain_ingest(tmp_path, local_ray) -> None:
+    """A replay buffer into a new store: its plan leaves the hashes out, the tasks hash what they
+    load, and the store (hashes included) equals a plain ingest's; a rerun skips every episode."""
+    import zarr
+    from demoscale.collect import ingest_replay_buffer
+    from numcodecs import Blosc
+
+    rng = np.random.default_rng(12)
+    buffer = tmp_path / "buffer.zarr"
+    root = zarr.open_group(str(buffer), mode="w", zarr_format=2)
+    root.create_array("meta/episode_ends", data=np.array([6, 13, 21]), chunks=(3,))
+    blosc = Blosc(cname="zstd", clevel=3, shuffle=Blosc.BITSHUFFLE)
+    images = rng.integers(0, 256, size=(21, 12, 12, 3), dtype=np.uint8)
+    root.create_array("data/img", data=images, chunks=(5, 12, 12, 3), compressors=blosc)
+    root.create_array("data/action", data=rng.normal(size=(21, 2)).astype(np.float32), chunks=(21, 2))
+    plain, on_ray = tmp_path / "plain.zarr", tmp_path / "ray.zarr"
+    ingest_replay_buffer(buffer, plain, progress=False)
+    summary = ingest_replay_buffer(buffer, on_ray, address="local", workers=2, progress=False)
+    assert summary.episodes_written == 3
+    assert _contents(on_ray) == _contents(plain)
+    assert all(len(h) == 64 for h in EpisodeStore.open(on_ray).episodes["source_sha256"])
+    again = ingest_replay_buffer(buffer, on_ray, address="local", workers=2, progress=False)
+    assert (again.episodes_written, again.episodes_skipped) == (0, 3)
+
+
 def test_a_failure_in_a_ray_task_is_the_plain_error_and_changes_nothing(
     tmp_path, umi_zip, damaged_zip, local_ray
 ) -> None:

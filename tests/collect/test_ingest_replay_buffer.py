@@ -141,3 +141,46 @@ def test_bad_image_values_fail_half_way_and_write_nothing(tmp_path, snapshot, co
     assert "bad.zarr" in str(raised.value)
     assert snapshot(tmp_path / "store") == before
     shutil.rmtree(bad)
+
+
+@pytest.mark.parametrize("workers", [1, 2])
+def test_a_new_store_hashes_episodes_as_they_load_and_a_rerun_skips_them(tmp_path, workers):
+    from demoscale.collect.driver import plan_sources
+    from demoscale.collect.replay_buffer import REPLAY_BUFFER
+    from demoscale.collect.sources import SourceIds
+
+    rng = np.random.default_rng(8)
+    images = rng.integers(0, 256, size=(30, 8, 8, 3)).astype(np.float32)
+    buffer = _write_buffer(tmp_path / "buffer.zarr", images, [8, 15, 7], rng)
+    sources = [(buffer.resolve(), SourceIds())]
+    _, unhashed = plan_sources(REPLAY_BUFFER, sources, REPLAY_BUFFER.options_type(), hashes=False)
+    _, hashed = plan_sources(REPLAY_BUFFER, sources, REPLAY_BUFFER.options_type())
+    assert [plan.sha256 for plan in unhashed] == [None] * 3
+    assert all(len(plan.sha256) == 64 for plan in hashed)
+
+    # A new store: the plan leaves the hashes out and the write phase (in workers) computes the same.
+    summary = ingest_replay_buffer(buffer, tmp_path / "store", workers=workers, progress=False)
+    assert summary.episodes_written == 3
+    store = EpisodeStore.open(tmp_path / "store")
+    assert list(store.episodes["source_sha256"]) == [plan.sha256 for plan in hashed]
+    np.testing.assert_array_equal(store.read("img", 0, 30), images.astype(np.uint8))
+    again = ingest_replay_buffer(buffer, tmp_path / "store", workers=workers, progress=False)
+    assert (again.episodes_written, again.episodes_skipped) == (0, 3)
+
+    # The same content twice in one run into a new store is written once.
+    twice = tmp_path / "twice"
+    twice.mkdir()
+    shutil.copytree(buffer, twice / "a.zarr")
+    shutil.copytree(buffer, twice / "b.zarr")
+    summary = ingest_replay_buffer(twice, tmp_path / "store2", workers=workers, progress=False)
+    assert (summary.episodes_written, summary.episodes_skipped) == (3, 3)
+
+
+def test_bad_image_values_found_while_loading_into_a_new_store_leave_no_store(tmp_path):
+    rng = np.random.default_rng(9)
+    images = rng.integers(0, 256, size=(23, 8, 8, 3)).astype(np.float32)
+    images[20, 3, 3, 0] = 12.5
+    bad = _write_buffer(tmp_path / "bad.zarr", images, [8, 15], rng)
+    with pytest.raises(IngestError, match=r"bad\.zarr: key 'img', episode 1: image values are not integral"):
+        ingest_replay_buffer(bad, tmp_path / "store", progress=False)
+    assert not (tmp_path / "store").exists()
