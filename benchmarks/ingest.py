@@ -4,19 +4,22 @@ Two measurements, side by side in one run, on synthetic camera-like 96x96 frames
 moving block, sensor noise), ~50 frames per episode, JPEG store:
 
 1. **Throughput.** A diffusion_policy replay buffer of ``--ingest-episodes`` episodes (raw uint8
-   frames, as PushT ships) ingested into a fresh JPEG store with 1 and 2 worker processes, against
-   the pure encode limit: imagecodecs' JPEG encoder over the same frames, already in memory, in one
-   process; and, to show what the store adds, reading the source's frames (zarr, chunk by chunk)
-   and encoding them with no store at all. Reported per worker: ingest frames/s / (workers x encode frames/s), for the whole
-   ingest and for its write phase alone (the plan phase reads every frame once more, in this
-   process, to hash each episode's content). Rounds alternate the variants; medians are quoted.
+   frames in Blosc-zstd chunks, as PushT ships) ingested into a fresh JPEG store with 1 and 2
+   worker processes, against the pure encode limit: imagecodecs' JPEG encoder over the same frames,
+   already in memory, in one process. Beside it, the parts of an ingest's work alone: reading the
+   source with the ingest's reader, the content hash, and reading + encoding with no store.
+   Reported per worker: ingest frames/s / (workers x encode frames/s), for the whole ingest and for
+   its write phase alone (into a new store the plan phase reads no frames: the workers hash what
+   they load). Rounds alternate the variants; medians are quoted.
 2. **Append cost at scale.** ``--episodes`` episodes (default 10,000) appended to one store in
    transactions of ``--batch`` episodes (what ``demoscale ingest --commit-every`` does), frames
    handed over already encoded so that only the store's own work is timed; the seconds per episode
    around 1,000 episodes (the median of the batches ending at or before 1,500) and at the end (the
-   median of the last three batches), and their ratio. For context, the
-   same episodes appended one by one outside a transaction (each its own commit) for the first
-   ``--single`` episodes.
+   median of the last three batches). Then the comparison the target is checked on: transactions
+   of ``--side-batch`` episodes appended alternately to a store of 1,000 episodes and to the grown
+   one, ``--side-rounds`` rounds, the ratio of their medians (the machine's load falls on both). For
+   context, the same episodes appended one by one outside a transaction (each its own commit) for
+   the first ``--single`` episodes.
 3. **On Ray, and per core for UMI.** The throughput source is also ingested with ``address="local"``
    (a private Ray of 2 CPUs, started and stopped by the ingest, so its start-up is in the time).
    Then a UMI ``dataset.zarr.zip`` of ``--umi-episodes`` episodes of ``--umi-frames`` 224x224 frames
@@ -96,19 +99,32 @@ def encode_rate(frames: np.ndarray) -> float:
     return len(frames) / (time.perf_counter() - started)
 
 
-def read_and_encode_rate(source: Path) -> float:
-    """Frames/s of reading the source's frames (zarr, chunk by chunk) and encoding each, no store."""
-    import zarr
+def read_rate(source: Path, encode: bool) -> float:
+    """Frames/s of reading the source's frames episode by episode with the ingest's own reader
+    (whole chunks, decompressed once), and encoding each frame when ``encode``; no store."""
+    from demoscale.collect.zarr_source import ChunkedFrames, RawGroup, episode_group
     from demoscale.datasets.codecs import codec_options, encode_frame
 
     options = codec_options("jpeg")
-    array = zarr.open_group(str(source), mode="r")["data/img"]
-    step = int(array.chunks[0])
+    with episode_group(source) as (_, info, root):
+        started = time.perf_counter()
+        reader = ChunkedFrames(root["data/img"], RawGroup(source), "data/img")
+        for episode in range(info.n_episodes):
+            frames = reader.read(*info.bounds(episode))
+            if encode:
+                for frame in frames:
+                    encode_frame(frame, "jpeg", options)
+        return int(info.episode_ends[-1]) / (time.perf_counter() - started)
+
+
+def hash_rate(episodes: list[np.ndarray]) -> float:
+    """Frames/s of the content hash (sha256 of each episode's frames, as an ingest records it)."""
+    from demoscale.collect.source_format import content_hash
+
     started = time.perf_counter()
-    for first in range(0, array.shape[0], step):
-        for frame in np.asarray(array[first : first + step]):
-            encode_frame(frame, "jpeg", options)
-    return array.shape[0] / (time.perf_counter() - started)
+    for frames in episodes:
+        content_hash({"img": frames})
+    return sum(len(frames) for frames in episodes) / (time.perf_counter() - started)
 
 
 def ingest_rates(
@@ -146,6 +162,38 @@ def append_costs(
         appended += count
         costs.append((appended, (time.perf_counter() - started) / count))
     return costs
+
+
+def side_by_side_costs(
+    workdir: Path,
+    big: Path,
+    pool: list[tuple[list[bytes], np.ndarray]],
+    small_size: int,
+    batch: int,
+    rounds: int,
+) -> tuple[list[float], list[float]]:
+    """Seconds per episode of a ``batch``-episode transaction appended to a store of ``small_size``
+    episodes and to the grown store at ``big``, alternately for ``rounds`` rounds (each store grows by
+    ``batch`` a round), so that the machine's load falls on both alike."""
+    from demoscale.datasets import EpisodeStore
+
+    small = EpisodeStore.create(workdir / "small.zarr", features(), image_codec="jpeg")
+    for first in range(0, small_size, 500):
+        with small.transaction():
+            for i in range(first, min(small_size, first + 500)):
+                append(small, *pool[i % len(pool)], i)
+    large = EpisodeStore.open(big, mode="a")
+    costs: dict[str, list[float]] = {"small": [], "large": []}
+    offset = {"small": small_size, "large": large.n_episodes}
+    for _ in range(rounds):
+        for name, store in (("small", small), ("large", large)):
+            started = time.perf_counter()
+            with store.transaction():
+                for i in range(offset[name], offset[name] + batch):
+                    append(store, *pool[i % len(pool)], i)
+            costs[name].append((time.perf_counter() - started) / batch)
+            offset[name] += batch
+    return costs["small"], costs["large"]
 
 
 def single_append_cost(workdir: Path, pool: list[tuple[list[bytes], np.ndarray]], n_episodes: int) -> float:
@@ -371,6 +419,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--ingest-episodes", type=int, default=400, help="episodes of the throughput source")
     parser.add_argument("--batch", type=int, default=500, help="episodes per transaction (commit)")
     parser.add_argument("--single", type=int, default=200, help="episodes appended one by one, for context")
+    parser.add_argument(
+        "--side-batch", type=int, default=100, help="episodes per transaction of the side-by-side comparison"
+    )
+    parser.add_argument("--side-rounds", type=int, default=7, help="alternating rounds of that comparison")
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument(
         "--parts",
@@ -414,7 +466,12 @@ def throughput_part(
     """Ingest frames/s (1 and 2 workers, Ray with 2 CPUs) against the encode limit, alternating."""
     source = workdir / "source.zarr"
     write_replay_buffer(source, episodes, rng)
-    rates: dict[str, list[float]] = {"encode limit, 1 process": [], "read + encode, 1 process": []}
+    rates: dict[str, list[float]] = {
+        "encode limit, 1 process": [],
+        "source read alone, 1 process": [],
+        "content hash alone, 1 process": [],
+        "read + encode, 1 process": [],
+    }
     variants = [(1, None), (2, None), (2, "local")]
     names = {(1, None): "1 worker(s)", (2, None): "2 worker(s)", (2, "local"): "Ray, 2 worker(s)"}
     for variant in variants:
@@ -422,7 +479,9 @@ def throughput_part(
         rates[f"  its write phase, {names[variant]}"] = []
     for _ in range(args.rounds):  # alternating, so machine load hits every variant alike
         rates["encode limit, 1 process"].append(encode_rate(all_frames))
-        rates["read + encode, 1 process"].append(read_and_encode_rate(source))
+        rates["source read alone, 1 process"].append(read_rate(source, encode=False))
+        rates["content hash alone, 1 process"].append(hash_rate(episodes))
+        rates["read + encode, 1 process"].append(read_rate(source, encode=True))
         for workers, address in variants:
             whole, writing = ingest_rates(source, workdir, workers, address)
             rates[f"ingest, {names[workers, address]}"].append(whole)
@@ -459,6 +518,9 @@ def append_part(workdir: Path, episodes: list[np.ndarray], rng: np.random.Genera
     costs = append_costs(workdir, pool, args.episodes, args.batch)
     store_bytes = sum(f.stat().st_size for f in (workdir / "scale.zarr").rglob("*") if f.is_file())
     store_files = sum(1 for f in (workdir / "scale.zarr").rglob("*") if f.is_file())
+    small, large = side_by_side_costs(
+        workdir, workdir / "scale.zarr", pool, 1000, args.side_batch, args.side_rounds
+    )
     # Medians over a few batches around each point: one batch's time is at the mercy of the machine.
     at_1000 = statistics.median(cost for n, cost in costs if n <= max(1500, costs[0][0]))
     last = statistics.median(cost for _, cost in costs[-3:])
@@ -470,10 +532,19 @@ def append_part(workdir: Path, episodes: list[np.ndarray], rng: np.random.Genera
     print(
         f"at 1,000: {1000 * at_1000:.2f} ms; at {args.episodes:,}: {1000 * last:.2f} ms; ratio {last / at_1000:.2f}"
     )
+    print(
+        f"side by side, {args.side_rounds} alternating transactions of {args.side_batch}: "
+        f"{1000 * statistics.median(small):.2f} ms per episode at 1,000, "
+        f"{1000 * statistics.median(large):.2f} ms at {args.episodes:,}; "
+        f"ratio {statistics.median(large) / statistics.median(small):.2f} (medians)"
+    )
     print(f"one by one (each its own commit), first {args.single}: {1000 * single:.2f} ms per episode")
     print(f"store: {store_bytes / 1e6:.0f} MB in {store_files} files")
     return {"episodes": args.episodes, "batch": args.batch, "per_episode_s": costs,
             "at_1000_s": at_1000, "at_end_s": last, "ratio_end_to_1000": last / at_1000,
+            "side_by_side": {"batch": args.side_batch, "rounds": args.side_rounds,
+                             "at_1000_s": small, "at_end_s": large,
+                             "ratio": statistics.median(large) / statistics.median(small)},
             "single_appends_s": single, "single_appends_n": args.single,
             "store_bytes": store_bytes, "store_files": store_files}  # fmt: skip
 
