@@ -60,8 +60,13 @@ class SequentialRule:
     min_episodes: int = 20
     round_size: int = 8
     scale: str = "score"  # or "log-gap", where the laws are fitted (eval.interval_width)
+    # Rollouts added after the stopping rule, a round at a time, to the pairs trials whose noise most
+    # blurs the recommendation (scaling.next_round at the recommended plan's count).
+    extra_rollouts: int = 0
+    extra_to: str = "targeted"  # or "uniform": to the trial with the fewest rollouts (the control arm)
 
 
+EXTRA_POLICIES = ("targeted", "uniform")
 _SCALE_WORDS = {"score": "its score", "log-gap": "its log gap log(1 - score)"}
 
 
@@ -349,29 +354,106 @@ def sequential_replay(
 ) -> tuple[dict[str, tuple[Any, Any]], dict[str, Any]]:
     """Each trial's rollouts cut where the sequential rule would have stopped, and what it saved."""
     from demoscale.eval import sequential_stop
-    from demoscale.eval.rollout import mean_interval
 
     cut: dict[str, tuple[Any, Any]] = {}
+    kept: dict[str, dict[str, int]] = {}
     used = total = 0
     for name, (results, rollouts) in tables.items():
-        kept, rows = [], results.copy()
-        for index, row in rows.iterrows():
-            trial = rollouts[rollouts["trial_id"] == row["trial_id"]].sort_values("rollout_index")
-            n = sequential_stop(trial["score"].tolist(), rule.halfwidth, rule.min_episodes, rule.round_size,
-                                confidence, rule.scale)  # fmt: skip
-            prefix = trial.iloc[:n]
-            kept.append(prefix)
-            used, total = used + n, total + len(trial)
-            low, high = mean_interval(prefix["score"].to_numpy(), confidence)
-            rows.loc[index, ["score", "score_ci_low", "score_ci_high", "n_rollouts"]] = (
-                float(prefix["score"].mean()), low, high, n,
-            )  # fmt: skip
-            rows.loc[index, "success_rate"] = float(prefix["success"].mean())
-        import pandas as pd
-
-        cut[name] = (rows, pd.concat(kept, ignore_index=True))
+        kept[name] = {}
+        for trial_id in results["trial_id"]:
+            scores = _trial_rollouts(rollouts, trial_id)["score"].tolist()
+            n = sequential_stop(scores, rule.halfwidth, rule.min_episodes, rule.round_size, confidence,
+                                rule.scale)  # fmt: skip
+            kept[name][trial_id] = n
+            used, total = used + n, total + len(scores)
+        cut[name] = _cut_tables(results, rollouts, kept[name], confidence)
     return cut, {"rollouts_fixed": int(total), "rollouts_sequential": int(used),
-                 "saved_fraction": 1.0 - used / total if total else 0.0, **asdict(rule)}  # fmt: skip
+                 "saved_fraction": 1.0 - used / total if total else 0.0, **asdict(rule),
+                 "kept": kept}  # fmt: skip
+
+
+def _trial_rollouts(rollouts: Any, trial_id: str) -> Any:
+    return rollouts[rollouts["trial_id"] == trial_id].sort_values("rollout_index")
+
+
+def _cut_tables(results: Any, rollouts: Any, kept: dict[str, int], confidence: float) -> tuple[Any, Any]:
+    """The results and rollouts tables with each trial's first ``kept[trial]`` rollouts only."""
+    import pandas as pd
+    from demoscale.eval.rollout import mean_interval
+
+    rows, prefixes = results.copy(), []
+    for index, row in rows.iterrows():
+        prefix = _trial_rollouts(rollouts, row["trial_id"]).iloc[: kept[row["trial_id"]]]
+        prefixes.append(prefix)
+        low, high = mean_interval(prefix["score"].to_numpy(), confidence)
+        rows.loc[index, ["score", "score_ci_low", "score_ci_high", "n_rollouts"]] = (
+            float(prefix["score"].mean()), low, high, len(prefix),
+        )  # fmt: skip
+        rows.loc[index, "success_rate"] = float(prefix["success"].mean())
+    return rows, pd.concat(prefixes, ignore_index=True)
+
+
+def targeted_replay(
+    tables: dict[str, tuple[Any, Any]],
+    cut: dict[str, tuple[Any, Any]],
+    saving: dict[str, Any],
+    config: StudyConfig,
+) -> tuple[dict[str, tuple[Any, Any]], dict[str, Any]]:
+    """After the stopping rule, ``config.sequential.extra_rollouts`` more rollouts (replayed from
+    the recorded ones) to the pairs trials, a round at a time (:func:`extra_rollouts`), aimed at the
+    recommended plan's count. Returns the new cut tables and the saving with the extras counted."""
+    rule = config.sequential
+    kept = {name: dict(counts) for name, counts in saving["kept"].items()}
+    results, rollouts = tables["n_pairs"]
+    at = choose_plans(config, cut["n_pairs"])[1].n_pairs
+    kept["n_pairs"], given = extra_rollouts(
+        results, rollouts, kept["n_pairs"], at, rule.extra_rollouts, rule.round_size, rule.extra_to
+    )
+    new_cut = dict(cut)
+    new_cut["n_pairs"] = _cut_tables(results, rollouts, kept["n_pairs"], config.confidence)
+    used = sum(sum(counts.values()) for counts in kept.values())
+    total = saving["rollouts_fixed"]
+    return new_cut, {**saving, "kept": kept, "extra_given": given, "extra_at_n_pairs": int(at),
+                     "rollouts_sequential": int(used),
+                     "rollouts_stopping_rule": saving["rollouts_sequential"],
+                     "saved_fraction": 1.0 - used / total if total else 0.0}  # fmt: skip
+
+
+def extra_rollouts(
+    results: Any,
+    rollouts: Any,
+    kept: dict[str, int],
+    at: float,
+    extra: int,
+    round_size: int,
+    policy: str = "targeted",
+) -> tuple[dict[str, int], dict[str, int]]:
+    """``extra`` more of each trial's recorded rollouts beyond ``kept``, a round at a time: to the
+    trial whose rollout noise most blurs the log-log law's prediction at count ``at``
+    (``scaling.next_round``, recomputed after every round), or with ``policy="uniform"`` to the
+    trial with the fewest so far (the control arm). Returns (new counts, rollouts given per trial)."""
+    from demoscale.scaling import next_round
+
+    if policy not in EXTRA_POLICIES:
+        raise ValueError(f"extra rollouts policy {policy!r}: expected one of {', '.join(EXTRA_POLICIES)}")
+    trials = list(results["trial_id"])
+    recorded = {t: _trial_rollouts(rollouts, t)["score"].to_numpy() for t in trials}
+    counts = [float(c) for c in results["n_pairs"]]
+    kept, given, left = dict(kept), {}, int(extra)
+    while left > 0:
+        eligible = [kept[t] < len(recorded[t]) for t in trials]
+        if not any(eligible):
+            break
+        if policy == "targeted":
+            choice = next_round(counts, [recorded[t][: kept[t]] for t in trials], at, round_size, eligible)
+        else:
+            choice = min((i for i, ok in enumerate(eligible) if ok), key=lambda i: kept[trials[i]])
+        trial = trials[choice]
+        step = min(round_size, left, len(recorded[trial]) - kept[trial])
+        kept[trial] += step
+        given[trial] = given.get(trial, 0) + step
+        left -= step
+    return kept, given
 
 
 def joint_fit(pairs: tuple[Any, Any], demos: tuple[Any, Any], confidence: float) -> Any:
@@ -522,6 +604,9 @@ def run_study(
         f"+-{config.sequential.halfwidth:g}",
     ):
         cut, saving = sequential_replay({a: tables[a] for a in AXES}, config.sequential, config.confidence)
+        if config.sequential.extra_rollouts > 0:
+            cut, saving = targeted_replay(tables, cut, saving, config)
+        saving.pop("kept")
         sequential = {axis: axis_fits(*cut[axis], axis, config.confidence)["summary"] for axis in AXES}
         recommendation_full = choose_plans(config, tables["n_pairs"])
         recommendation_cut = choose_plans(config, cut["n_pairs"])
@@ -690,6 +775,14 @@ def _report(config: StudyConfig, summary: dict[str, Any], analysis, recommendati
     joint = summary["joint"]
     joint_text = joint if isinstance(joint, str) else f"`{joint['equation']}` ({joint['n_trials']} trials)"
     per_axis_trials = {axis: int(summary["axes"][axis]["n_trials"]) for axis in AXES}
+    extras = ""
+    if q.get("extra_given"):
+        extras = (
+            f" That count includes {sum(q['extra_given'].values())} rollouts added after the rule ({q['extra_to']}), a round "
+            f"at a time, to the pairs trials whose noise most blurs the law's prediction at {q['extra_at_n_pairs']} pairs: "
+            + ", ".join(f"{trial} +{n}" for trial, n in q["extra_given"].items())
+            + "."
+        )
     budget = config.budget
     rule = (
         f"a fixed {budget.get('steps')} training steps"
@@ -729,7 +822,7 @@ The equal-cost alternative, **{v["alternative_plan"]["n_pairs"]} pairs x {v["alt
 ## Cheaper evaluation
 Sequential allocation (stop a trial once the interval of {_SCALE_WORDS[q.get("scale", "score")]} is within +-{q["halfwidth"]:g}, at least
 {q["min_episodes"]} rollouts, in rounds of {q["round_size"]}), replayed on the recorded rollouts: {q["rollouts_sequential"]}
-rollouts instead of {q["rollouts_fixed"]} (**{q["saved_fraction"]:.0%} saved**). Widths of the alpha intervals, fixed ->
+rollouts instead of {q["rollouts_fixed"]} (**{q["saved_fraction"]:.0%} saved**).{extras} Widths of the alpha intervals, fixed ->
 sequential: {", ".join(f"{AXIS_WORDS[a]} {w['fixed']:.3f} -> {w['sequential']:.3f}" for a, w in q["alpha_ci_widths"].items())}.
 Recommendation with all rollouts: {q["recommendation_fixed"]}; with the sequential ones: {q["recommendation_sequential"]}.
 

@@ -27,6 +27,8 @@ _LAZY: dict[str, str] = {
     "recommend_budget": "demoscale.scaling.budget",
     "plot_laws": "demoscale.scaling.plots",
     "plot_fits": "demoscale.scaling.plots",
+    "next_round": "demoscale.scaling.allocation",
+    "prediction_noise_gains": "demoscale.scaling.allocation",
 }
 
 __all__ = ["AXES", "BOOTSTRAP_MODES", "METHODS", *_LAZY]

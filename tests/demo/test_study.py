@@ -158,3 +158,52 @@ def test_a_killed_study_resumes_and_reruns_only_unfinished_trials(tmp_path: Path
     for path, mtime in rows_before.items():
         assert path.stat().st_mtime == mtime
     assert "store objects: 9 episodes already collected" in log
+
+
+def _pairs_tables(lengths: dict[int, int]) -> tuple[pd.DataFrame, pd.DataFrame]:
+    rng = np.random.default_rng(5)
+    results = pd.DataFrame({"trial_id": [f"p{n}" for n in lengths], "n_pairs": list(lengths),
+                            "demos_per_pair": 6, "score": 0.5, "score_ci_low": 0.0, "score_ci_high": 1.0,
+                            "success_rate": 0.5, "n_rollouts": list(lengths.values())})  # fmt: skip
+    rollouts = pd.concat(
+        [pd.DataFrame({"trial_id": f"p{n}", "rollout_index": range(m), "score": rng.integers(0, 2, m).astype(float)})
+         for n, m in lengths.items()], ignore_index=True,
+    )  # fmt: skip
+    rollouts["success"] = rollouts["score"] == 1.0
+    return results, rollouts
+
+
+@pytest.mark.parametrize("policy", ["targeted", "uniform"])
+def test_extra_rollouts_come_from_the_recorded_ones_a_round_at_a_time(policy: str) -> None:
+    from demoscale.study import extra_rollouts
+
+    results, rollouts = _pairs_tables({1: 30, 2: 30, 4: 30, 8: 30, 16: 24})
+    start = {"p1": 20, "p2": 20, "p4": 20, "p8": 20, "p16": 20}
+    kept, given = extra_rollouts(results, rollouts, start, at=64, extra=28, round_size=8, policy=policy)
+    assert sum(given.values()) == 28 and all(kept[t] == start[t] + given.get(t, 0) for t in start)
+    assert kept["p16"] <= 24  # never beyond what was recorded
+    if policy == "targeted":
+        assert given["p16"] == 4  # the far end first, until its recorded rollouts run out
+    else:
+        assert sorted(given.values()) == [4, 8, 8, 8]  # the fewest first, in turn
+    # More extras than recorded rollouts: everything is used, and no more.
+    kept, given = extra_rollouts(results, rollouts, start, at=64, extra=500, round_size=8, policy=policy)
+    assert kept == {"p1": 30, "p2": 30, "p4": 30, "p8": 30, "p16": 24}
+    with pytest.raises(ValueError, match="policy"):
+        extra_rollouts(results, rollouts, start, at=64, extra=8, round_size=8, policy="greedy")
+
+
+def test_targeted_replay_counts_the_extras_in_the_saving() -> None:
+    from demoscale.study import targeted_replay
+
+    config = StudyConfig(sequential=SequentialRule(0.3, 8, 4, extra_rollouts=12))  # coins stop at 8-12
+    results, rollouts = _pairs_tables({1: 40, 2: 40, 4: 40, 8: 40, 16: 40})
+    tables = {"n_pairs": (results, rollouts)}
+    cut, saving = sequential_replay(tables, config.sequential, 0.9)
+    assert saving["rollouts_sequential"] <= 200 - 12
+    new_cut, new_saving = targeted_replay(tables, cut, saving, config)
+    assert sum(new_saving["extra_given"].values()) == 12
+    assert new_saving["rollouts_sequential"] == saving["rollouts_sequential"] + 12
+    assert new_saving["rollouts_stopping_rule"] == saving["rollouts_sequential"]
+    assert new_cut["n_pairs"][0]["n_rollouts"].sum() == new_saving["rollouts_sequential"]
+    assert new_saving["saved_fraction"] == pytest.approx(1 - new_saving["rollouts_sequential"] / 200)
