@@ -10,7 +10,8 @@ moving block, sensor noise), ~50 frames per episode, JPEG store:
    source with the ingest's reader, the content hash, and reading + encoding with no store.
    Reported per worker: ingest frames/s / (workers x encode frames/s), for the whole ingest and for
    its write phase alone (into a new store the plan phase reads no frames: the workers hash what
-   they load). Rounds alternate the variants; medians are quoted.
+   they load). Blosc decompresses with one thread in every variant (as in the ingest's workers),
+   so that one worker is one core. Rounds alternate the variants; medians are quoted.
 2. **Append cost at scale.** ``--episodes`` episodes (default 10,000) appended to one store in
    transactions of ``--batch`` episodes (what ``demoscale ingest --commit-every`` does), frames
    handed over already encoded so that only the store's own work is timed; the seconds per episode
@@ -464,6 +465,9 @@ def throughput_part(
     workdir: Path, episodes: list[np.ndarray], all_frames: np.ndarray, rng: np.random.Generator, args
 ) -> list[dict]:
     """Ingest frames/s (1 and 2 workers, Ray with 2 CPUs) against the encode limit, alternating."""
+    from numcodecs import blosc
+
+    blosc.set_nthreads(1)  # one worker, one core (the ingest's workers do the same)
     source = workdir / "source.zarr"
     write_replay_buffer(source, episodes, rng)
     rates: dict[str, list[float]] = {

@@ -272,6 +272,7 @@ def _load_and_encode(
     """
     from demoscale.datasets.codecs import encode_frames
 
+    _one_codec_thread()
     arrays, encoded = adapter.load(load_args, want_encoded)
     digest = content_hash(arrays) if hash_content else None
     encoded = dict(encoded or {})
@@ -279,6 +280,16 @@ def _load_and_encode(
         if key in arrays and key not in encoded:
             encoded[key] = encode_frames(arrays.pop(key), codec, options)
     return arrays, encoded, digest
+
+
+def _one_codec_thread() -> None:
+    """Keep a worker (process or Ray task of one CPU) to one core: Blosc, which decompresses replay
+    buffers and Zarr sources, would otherwise start several threads in every worker."""
+    try:
+        from numcodecs import blosc
+    except ImportError:
+        return
+    blosc.set_nthreads(1)
 
 
 def _with_hash(plan: EpisodePlan, digest: str | None) -> EpisodePlan:
