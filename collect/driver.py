@@ -152,9 +152,11 @@ def ingest(
         src, adapter.patterns, manifest=manifest, overrides=overrides, what=adapter.what
     )
     notes: list[str] = []
+    from demoscale.datasets import store_exists
+
     # A new store holds nothing to skip: a format that can hash what it loads is not asked to read
     # every frame twice (once here to hash it, once to load it).
-    hashes = not (getattr(adapter, "hash_on_load", False) and not dry_run and not _store_exists(str(store)))
+    hashes = not (getattr(adapter, "hash_on_load", False) and not dry_run and not store_exists(str(store)))
     features, plans = plan_sources(adapter, sources, options, max_episodes, progress, notes, hashes)
     planned = time.perf_counter()
     summary = write_plans(
@@ -224,12 +226,6 @@ def plan_sources(
 
 def _rates(features: Mapping[str, Any]) -> list[float | None]:
     return sorted({spec.rate_hz for spec in features.values()}, key=str)
-
-
-def _store_exists(location: str) -> bool:
-    from demoscale.datasets import store_exists
-
-    return store_exists(location)
 
 
 def _existing_store(
