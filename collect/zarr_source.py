@@ -308,7 +308,7 @@ class ChunkedFrames:
 
     Where the layout allows (chunks split only the frame axis, C order, no filters), chunks are read
     as raw members and decompressed by their numcodecs codec directly: zarr-python's read path
-    costs about three times the decompression itself on camera frames (``benchmarks/ingest.py``,
+    costs two to three times the decompression itself on camera frames (``benchmarks/ingest.py``,
     "source read"), which made reading a replay buffer dearer than encoding its frames.
     """
 
