@@ -59,6 +59,9 @@ def rollout(
                 at_close = {
                     "step": env.steps,
                     "command_xy_mm": 1000 * float(np.linalg.norm(action[:2] - target[:2])),
+                    "command_to_start_xy_mm": 1000
+                    * float(np.linalg.norm(action[:2] - env.initial_object_pos[:2])),
+                    "object_moved_mm": 1000 * float(np.linalg.norm(target[:2] - env.initial_object_pos[:2])),
                     "gripper_xy_mm": 1000 * float(np.linalg.norm(env.eef_pos[:2] - target[:2])),
                     "command_z_mm": 1000 * float(action[2]),
                     "yaw_error_deg": _grasp_yaw_error(env, history[-1]["robot0_eef_rot_axis_angle"]),
@@ -80,7 +83,13 @@ def summarise(rows: list[dict]) -> dict[str, Any]:
     for label, lifted in (("lifted", True), ("not_lifted", False)):
         closes = [r["close"] for r in rows if r["lifted"] == lifted and r["close"] is not None]
         out[label] = {"n": len(closes)}
-        for key in ("command_xy_mm", "gripper_xy_mm", "command_z_mm"):
+        for key in (
+            "command_xy_mm",
+            "command_to_start_xy_mm",
+            "object_moved_mm",
+            "gripper_xy_mm",
+            "command_z_mm",
+        ):
             out[label][key] = statistics.median(c[key] for c in closes) if closes else None
         out[label]["abs_yaw_error_deg"] = (
             statistics.median(abs(c["yaw_error_deg"]) for c in closes) if closes else None
