@@ -119,6 +119,15 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--inference-steps", type=int, nargs="+", default=[None])
     parser.add_argument("--seeds", type=int, nargs="+", default=[0], help="evaluation seeds")
     parser.add_argument("--envs", type=int, default=None, help="initial states (default: the task's)")
+    parser.add_argument("--split", choices=["unseen", "train"], default="unseen", help="id range")
+    parser.add_argument("--objects", type=int, default=1, help="objects per environment")
+    parser.add_argument(
+        "--pairing", choices=["grid", "unique"], default="grid", help="as demoscale eval --pairing"
+    )
+    parser.add_argument("--episodes", type=int, default=None, help="rollouts (default: one per pair)")
+    parser.add_argument(
+        "--cameras", nargs="+", default=None, help="tabletop cameras (default: those the data recorded)"
+    )
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--record", default=None, help="also write a results record into this folder")
     parser.add_argument("--policy", default="policy", help="what the checkpoint is, for the record")
@@ -144,7 +153,12 @@ def main(argv: list[str] | None = None) -> int:
                 result = evaluate(
                     policy,
                     task=args.task,
+                    split=args.split,
                     n_envs=args.envs,
+                    n_objects=args.objects,
+                    pairing=args.pairing,
+                    episodes=args.episodes,
+                    env_options={"cameras": args.cameras} if args.cameras else None,
                     seed=seed,
                     batch_size=50,
                     video_episodes=0,

@@ -8,7 +8,8 @@ whose commanded gripper width falls below ``--close-width`` (the moment it decid
 script records how far the commanded and the actual gripper centre are from the object's centre
 (horizontally), the commanded height, and the gripper's yaw against the expert's grasp yaw (the
 object's narrow side). Rollouts are split by whether the object was lifted (stage 1). The scripted
-expert is the reference: what a grasp that works looks like. A table on screen, JSON to
+expert is the reference: what a grasp that works looks like. With ``--store`` each policy is also
+measured open loop on the demonstrations it learned from (``offline_errors``). A table on screen, JSON to
 ``benchmarks/results/grasp_errors.json``.
 """
 
@@ -72,6 +73,41 @@ def rollout(
         env.close()
 
 
+def offline_errors(
+    policy: Any, store_path: str, every: int, ahead: int, close_width: float
+) -> dict[str, Any]:
+    """How closely the policy reproduces its demonstrations, open loop: on every ``every``-th episode
+    of ``store_path``, the horizontal distance (mm) between the action the policy predicts ``ahead``
+    steps into its chunk and the demonstration's, on the 8 frames before the demonstration closes the
+    gripper and on the others. Small here and large in rollouts means the policy drifts off its
+    demonstrations' states, not that it cannot fit them."""
+    from demoscale.datasets.store import EpisodeStore
+
+    store = EpisodeStore.open(store_path)
+    before_close: list[float] = []
+    elsewhere: list[float] = []
+    for index in range(0, store.n_episodes, every):
+        episode = store.episode(index)
+        actions = episode["action"]
+        n = len(actions)
+        close = int(np.argmax(actions[:, 6] < close_width))
+        batch = {
+            key: np.stack([np.stack([episode[key][max(0, t + o)] for o in offsets]) for t in range(n)])
+            for key, offsets in policy.obs_offsets.items()
+        }
+        predicted = np.asarray(policy.predict_action_batch(batch, seed=index))
+        for t in range(n):
+            j = min(ahead, n - 1 - t)
+            error = 1000 * float(np.linalg.norm(predicted[t, j, :2] - actions[t + j, :2]))
+            (before_close if close - 8 <= t <= close else elsewhere).append(error)
+    return {
+        "episodes": len(range(0, store.n_episodes, every)),
+        "ahead": ahead,
+        "before_close_xy_mm": statistics.median(before_close),
+        "elsewhere_xy_mm": statistics.median(elsewhere),
+    }
+
+
 def summarise(rows: list[dict]) -> dict[str, Any]:
     """Medians of the close-time errors, over lifted and not-lifted rollouts apart."""
     out: dict[str, Any] = {
@@ -108,6 +144,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--image-size", type=int, default=64)
     parser.add_argument("--cameras", nargs="+", default=["scene"])
     parser.add_argument("--threads", type=int, default=1)
+    parser.add_argument(
+        "--store", default=None, help="also measure each policy open loop on this store's demos"
+    )
+    parser.add_argument("--store-every", type=int, default=8, help="every n-th episode of --store")
     add_json_option(parser)
     args = parser.parse_args(argv)
     os.environ.setdefault("MUJOCO_GL", "egl")
@@ -131,6 +171,10 @@ def main(argv: list[str] | None = None) -> int:
             for k in range(args.rollouts)
         ]
         results[name] = summarise(rows)
+        if args.store and policy != "expert":
+            results[name]["open_loop"] = offline_errors(
+                policy, args.store, args.store_every, 4, args.close_width
+            )
     header = (
         "| policy | success | lifted | n | command xy mm | gripper xy mm | command z mm | abs yaw error deg |"
     )
@@ -145,6 +189,14 @@ def main(argv: list[str] | None = None) -> int:
             print(
                 f"| {os.path.basename(name)} ({label}) | {summary['success_rate']:.2f} | {summary['lift_rate']:.2f} "
                 f"| {part['n']} | " + " | ".join("-" if c is None else f"{c:.1f}" for c in cells) + " |"
+            )
+    for name, summary in results.items():
+        if "open_loop" in summary:
+            loop = summary["open_loop"]
+            print(
+                f"{os.path.basename(name)} open loop on its demos ({loop['episodes']} episodes, action "
+                f"{loop['ahead']} steps ahead): {loop['before_close_xy_mm']:.1f} mm before the close, "
+                f"{loop['elsewhere_xy_mm']:.1f} mm elsewhere"
             )
     emit_json(
         "grasp_errors", {"split": args.split, "rollouts": args.rollouts, "policies": results}, args.json
