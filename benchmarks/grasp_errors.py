@@ -18,6 +18,7 @@ from __future__ import annotations
 import argparse
 import os
 import statistics
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -133,6 +134,14 @@ def summarise(rows: list[dict]) -> dict[str, Any]:
     return out
 
 
+def _label(name: str) -> str:
+    """A checkpoint's run folder and file name (``runs/x/checkpoints/last.ckpt`` -> ``x/last.ckpt``)."""
+    path = Path(name)
+    if name == "expert" or len(path.parts) < 3:
+        return name
+    return f"{path.parent.parent.name}/{path.name}"
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("policies", nargs="+", help="checkpoint paths, or 'expert'")
@@ -187,14 +196,14 @@ def main(argv: list[str] | None = None) -> int:
                 part.get(k) for k in ("command_xy_mm", "gripper_xy_mm", "command_z_mm", "abs_yaw_error_deg")
             ]
             print(
-                f"| {os.path.basename(name)} ({label}) | {summary['success_rate']:.2f} | {summary['lift_rate']:.2f} "
+                f"| {_label(name)} ({label}) | {summary['success_rate']:.2f} | {summary['lift_rate']:.2f} "
                 f"| {part['n']} | " + " | ".join("-" if c is None else f"{c:.1f}" for c in cells) + " |"
             )
     for name, summary in results.items():
         if "open_loop" in summary:
             loop = summary["open_loop"]
             print(
-                f"{os.path.basename(name)} open loop on its demos ({loop['episodes']} episodes, action "
+                f"{_label(name)} open loop on its demos ({loop['episodes']} episodes, action "
                 f"{loop['ahead']} steps ahead): {loop['before_close_xy_mm']:.1f} mm before the close, "
                 f"{loop['elsewhere_xy_mm']:.1f} mm elsewhere"
             )
