@@ -56,7 +56,7 @@ def write_record(
                  "seeds": sorted(int(s) for s in group["eval_seed"].unique()),
                  "success_rate": successes / n, "success_ci": [low, high]}  # fmt: skip
         base = {"task": args.task, "policy": f"{args.policy}; {n_action} actions executed per chunk, {n_inference} "
-                "denoising steps", "split": "unseen", "n_rollouts": n, "train_minutes": args.train_minutes}  # fmt: skip
+                "denoising steps", "split": args.split, "n_rollouts": n, "train_minutes": args.train_minutes}  # fmt: skip
         headline.append(
             {**base, "metric": "success_rate", "value": successes / n, "ci_low": low, "ci_high": high}
         )
