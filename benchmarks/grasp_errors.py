@@ -34,28 +34,21 @@ def _grasp_yaw_error(env: Any, eef_rotvec: np.ndarray) -> float:
 
 
 def rollout(
-    policy: Any, definition: Any, env_id: int, object_id: int, seed: int, args: argparse.Namespace
+    actor: Any, definition: Any, env_id: int, object_id: int, seed: int, args: argparse.Namespace
 ) -> dict:
-    """One rollout; the gripper's errors at its first close (None where it never closed)."""
+    """One rollout with ``actor`` (:func:`demoscale.eval.rollout.actor_for`: the expert or a policy,
+    windows built as ``evaluate`` builds them); the gripper's errors at its first close (None where it
+    never closed)."""
     env = definition.make_env(env_id, object_id, image_size=args.image_size, **args.env_options)
     try:
         history = [env.reset(seed)]
-        expert = env.expert(seed) if policy == "expert" else None
+        actor.start(0, env, seed)
         queue: list[np.ndarray] = []
         at_close: dict[str, Any] | None = None
         while env.steps < definition.max_steps and not env.success():
-            if expert is not None:
-                action = expert.act(history[-1])
-            else:
-                if not queue:
-                    last = len(history) - 1
-                    window = {
-                        key: np.stack([history[max(0, last + o)][key] for o in offsets])[None]
-                        for key, offsets in policy.obs_offsets.items()
-                    }
-                    chunk = np.asarray(policy.predict_action_batch(window, seed=seed + env.steps))[0]
-                    queue = list(chunk[: policy.n_action_steps])
-                action = queue.pop(0)
+            if not queue:
+                queue = list(actor.chunks([0], {0: history}, seed=seed + env.steps)[0])
+            action = queue.pop(0)
             if at_close is None and action[6] < args.close_width:
                 target = env.object_pos
                 at_close = {
@@ -163,8 +156,8 @@ def main(argv: list[str] | None = None) -> int:
 
     import torch
     from demoscale.eval import ids
+    from demoscale.eval.rollout import actor_for
     from demoscale.eval.tasks import get_task
-    from demoscale.policies import load_policy
 
     torch.set_num_threads(args.threads)
     args.env_options = {"cameras": list(args.cameras)}
@@ -174,15 +167,15 @@ def main(argv: list[str] | None = None) -> int:
     )
     results: dict[str, Any] = {}
     for name in args.policies:
-        policy = "expert" if name == "expert" else load_policy(name)
+        actor = actor_for(name)
         rows = [
-            rollout(policy, definition, *pairs[k % len(pairs)], args.seed + k, args)
+            rollout(actor, definition, *pairs[k % len(pairs)], args.seed + k, args)
             for k in range(args.rollouts)
         ]
         results[name] = summarise(rows)
-        if args.store and policy != "expert":
+        if args.store and name != "expert":
             results[name]["open_loop"] = offline_errors(
-                policy, args.store, args.store_every, 4, args.close_width
+                actor.policy, args.store, args.store_every, 4, args.close_width
             )
     header = (
         "| policy | success | lifted | n | command xy mm | gripper xy mm | command z mm | abs yaw error deg |"

@@ -121,7 +121,12 @@ class EvalResult:
 
 
 # --- policies --------------------------------------------------------------------------------
-class _ExpertActor:
+# An actor drives the environments of one batch: ``start(slot, env, seed)`` when a rollout begins
+# in a slot, then ``chunks(slots, histories, seed)``, the next actions of each slot given its
+# observations so far (one for the expert, ``n_action_steps`` for a policy). ``evaluate`` steps many
+# environments with one; a diagnostic that steps its own environment uses the same object, so that
+# a window is built one way everywhere.
+class ExpertActor:
     """The task's scripted expert, one per environment, acting every step."""
 
     name = "expert"
@@ -138,7 +143,7 @@ class _ExpertActor:
         return [self.experts[s].act(histories[s][-1])[None] for s in slots]
 
 
-class _PolicyActor:
+class PolicyActor:
     """A learned policy: batched windows in, chunks of absolute actions out."""
 
     def __init__(self, policy, name: str) -> None:
@@ -153,7 +158,9 @@ class _PolicyActor:
     def start(self, slot: int, env, seed: int) -> None:
         pass
 
-    def window(self, history: list[dict]) -> dict[str, np.ndarray]:
+    def window(self, history: Sequence[Mapping[str, np.ndarray]]) -> dict[str, np.ndarray]:
+        """The policy's observation window at the end of ``history`` (frames before the first
+        repeat it, as in training)."""
         last = len(history) - 1
         return {
             key: np.stack([history[max(0, last + o)][key] for o in offsets])
@@ -170,20 +177,21 @@ class _PolicyActor:
         return [a[: self.n_action_steps] for a in actions]
 
 
-def _resolve_policy(policy, device: str = "cpu"):
+def actor_for(policy: Any, device: str = "cpu") -> ExpertActor | PolicyActor:
+    """The actor for ``"expert"``, a checkpoint path or a loaded policy."""
     if isinstance(policy, str) and policy == "expert":
-        return _ExpertActor()
+        return ExpertActor()
     if isinstance(policy, str | os.PathLike):
         from demoscale.policies import load_policy
 
-        return _PolicyActor(load_policy(policy, device=device), name=os.fspath(policy))
+        return PolicyActor(load_policy(policy, device=device), name=os.fspath(policy))
     if not hasattr(policy, "obs_offsets") or not (
         hasattr(policy, "predict_action") or hasattr(policy, "predict_action_batch")
     ):
         raise TypeError(
             f"policy must be 'expert', a checkpoint path or a Policy, got {type(policy).__name__}"
         )
-    return _PolicyActor(policy, name=type(policy).__name__)
+    return PolicyActor(policy, name=type(policy).__name__)
 
 
 def policy_image_size(policy) -> int | None:
@@ -282,7 +290,7 @@ def _plain(value: Any) -> Any:
 
 def check_spec(actor, definition: TaskDefinition, observation: Mapping[str, np.ndarray]) -> None:
     """Raise :class:`SpecMismatchError` if the policy cannot act in the task (before any rollout)."""
-    if isinstance(actor, _ExpertActor):
+    if isinstance(actor, ExpertActor):
         return
     policy = actor.policy
     problems = []
@@ -414,7 +422,7 @@ def _run_jobs(
     device: str,
     progress: bool = False,
 ) -> list[dict[str, Any]]:
-    actor = _resolve_policy(policy_ref, device=device)
+    actor = actor_for(policy_ref, device=device)
     if not progress and "torch" in sys.modules:
         sys.modules["torch"].set_num_threads(1)  # worker processes share the cores: one thread each
     definition = get_task(task)
@@ -495,8 +503,8 @@ def evaluate(
     raises :class:`SpecMismatchError` before any rollout; unknown tasks and ids outside the
     documented ranges raise too.
     """
-    actor = _resolve_policy(policy, device=device)
-    recorded = recorded_capture(actor.policy) if isinstance(actor, _PolicyActor) else {}
+    actor = actor_for(policy, device=device)
+    recorded = recorded_capture(actor.policy) if isinstance(actor, PolicyActor) else {}
     task, image_size, env_options = apply_capture(recorded, task, image_size, env_options, actor.name)
     if task is None:
         raise ValueError(
@@ -511,11 +519,11 @@ def evaluate(
     pairs = pair_ids(envs, objects, pairing)
     episodes = len(pairs) if episodes is None else episodes
     if image_size is None:
-        image_size = (policy_image_size(actor.policy) if isinstance(actor, _PolicyActor) else None) or 96
+        image_size = (policy_image_size(actor.policy) if isinstance(actor, PolicyActor) else None) or 96
     env_options = dict(env_options or {})
     if (
         definition.images_optional
-        and isinstance(actor, _PolicyActor)
+        and isinstance(actor, PolicyActor)
         and not set(actor.obs_offsets) & set(definition.image_keys)
     ):
         env_options.setdefault("images", False)  # nothing to draw for a policy that sees no image
@@ -532,7 +540,7 @@ def evaluate(
     video_dir = str(Path(out_dir) / "videos") if out_dir is not None and video_episodes > 0 else None
     started = time.perf_counter()
     policy_ref = (
-        policy if isinstance(actor, _ExpertActor) or isinstance(policy, str | os.PathLike) else actor.policy
+        policy if isinstance(actor, ExpertActor) or isinstance(policy, str | os.PathLike) else actor.policy
     )
     settings = (image_size, env_options, max_steps, video_dir, seed, batch_size, device)
     if stop_halfwidth is None:

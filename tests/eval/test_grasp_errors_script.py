@@ -35,3 +35,33 @@ def test_the_expert_closes_on_the_object_aligned_with_its_narrow_side(tmp_path: 
     assert 5.0 < lifted["command_z_mm"] < 30.0
     assert lifted["object_moved_mm"] < 2.0
     assert lifted["abs_yaw_error_deg"] < 1.0
+
+
+def test_a_policy_is_rolled_out_and_measured_open_loop_on_its_store(tmp_path: Path) -> None:
+    """The policy path: the saved diffusion fixture (UMI layout, 32 px, untrained) acts through the
+    rollout's own actor, and ``--store`` measures it open loop on real collected demos."""
+    from demoscale.collect import ingest_umi
+    from demoscale.eval import collect_sim
+
+    collect_sim("pick_place", 1, 1, 1, tmp_path / "raw", image_size=32, progress=False)
+    ingest_umi(tmp_path / "raw", tmp_path / "store.zarr", progress=False)
+    checkpoint = REPO_ROOT / "tests" / "fixtures" / "checkpoints" / "diffusion.ckpt"
+    out = tmp_path / "grasp_errors.json"
+    result = subprocess.run(
+        [sys.executable, str(SCRIPT), str(checkpoint), "--rollouts", "1", "--image-size", "32",
+         "--store", str(tmp_path / "store.zarr"), "--store-every", "1", "--json", str(out)],
+        cwd=REPO_ROOT,
+        env={**os.environ, "MUJOCO_GL": os.environ.get("MUJOCO_GL", "egl")},
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-4000:]
+    measured = json.loads(out.read_text())["policies"][str(checkpoint)]
+    assert measured["rollouts"] == 1
+    # Every rollout is counted once: it closed (lifted or not) or it never closed.
+    assert measured["lifted"]["n"] + measured["not_lifted"]["n"] + measured["never_closed"] == 1
+    loop = measured["open_loop"]
+    assert loop["episodes"] == 1 and loop["ahead"] == 4
+    # An untrained network is far from the demonstrations (centimetres, not the millimetres of a fit).
+    assert loop["before_close_xy_mm"] > 5.0 and loop["elsewhere_xy_mm"] > 5.0
