@@ -39,6 +39,13 @@ class ResultsFolder:
     def path(self, name: str) -> str:
         return _join(self.root, name)
 
+    def resolve(self, recorded: str) -> str:
+        """A path from a table (a trial's ``checkpoint``) as a full path or URL: the tables store
+        paths inside the folder relative to it, so that the folder can be moved or copied."""
+        if "://" in recorded or recorded.startswith("/"):
+            return recorded
+        return _join(self.folder, recorded)
+
     def _read_csv(self, name: str, columns: list[str]) -> pd.DataFrame:
         path = self.path(name)
         if not self.fs.exists(path):

@@ -286,13 +286,31 @@ def run_trial(
         "samples_seen": int(_attr(trained, "samples_seen", default=0)),
         "wall_time_s": time.perf_counter() - started,
         "attempts": attempt,
-        "checkpoint": checkpoint,
+        "checkpoint": relative_to_output(checkpoint, runtime.output),
     }
     if local_folder is not None:
         # Rollouts first, the row last: a row on disk means the trial is finished and whole.
         _write_json(local_folder / ROLLOUTS_FILE, rollouts)
         _write_json(local_folder / ROW_FILE, row)
     return {"score": score, "row": row, "rollouts": rollouts}
+
+
+def relative_to_output(path: str, output: str) -> str:
+    """``path`` relative to the sweep's output folder when it lies inside it, else as it is.
+
+    The results table travels (copied into a record, synced from a cluster's bucket): a path relative
+    to the folder that holds the table stays true wherever the folder goes, an absolute one names
+    the machine that wrote it. ``ResultsFolder.resolve`` turns it back into a full path or URL."""
+    prefix = output.rstrip("/") + "/"
+    if path.startswith(prefix):
+        return path[len(prefix):]
+    resolved, root = Path(path), Path(output)
+    if "://" not in output and resolved.is_absolute() and root.is_absolute():
+        try:
+            return resolved.resolve().relative_to(root.resolve()).as_posix()
+        except ValueError:
+            pass
+    return path
 
 
 # Fields of a results row copied from the grid point as they are.

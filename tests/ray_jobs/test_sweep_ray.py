@@ -17,6 +17,7 @@ import pytest
 import yaml
 from demoscale.ray_jobs import RESULT_COLUMNS, SweepError, run_sweep
 from demoscale.ray_jobs.cli import main as sweep_main
+from demoscale.ray_jobs.results import ResultsFolder
 
 KILLED = "tiny-e2-o1-d3-s0"
 
@@ -61,7 +62,9 @@ def test_grid_sweep_survives_a_killed_worker(sweep_files) -> None:
     assert (rows["total_demos"] == rows["n_envs"] * rows["demos_per_pair"]).all()
     assert (rows["train_steps"] == 4).all() and (rows["samples_seen"] == 32).all()
     assert rows["score"].between(0, 1).all() and (rows["n_rollouts"] == 0).all()
-    assert all(Path(c).name == "last.ckpt" and Path(c).exists() for c in rows["checkpoint"])
+    # Checkpoints are recorded relative to the sweep folder (the table travels with it).
+    assert all(c == f"trials/{t}/checkpoints/last.ckpt" for t, c in zip(rows["trial_id"], rows["checkpoint"], strict=True))
+    assert all(Path(ResultsFolder(str(output)).resolve(c)).exists() for c in rows["checkpoint"])
     assert (output / "results.parquet").exists() and (output / "rollouts.csv").exists()
     _assert_resumed_from_checkpoint(output, KILLED)
     # The killed trial's row says it took a second attempt (its wall time is that attempt's).

@@ -85,7 +85,7 @@ def test_a_two_worker_trial_trains_on_two_ranks_inside_a_sweep(sweep_files) -> N
     assert "workers" not in _read(output / "trials" / "one-e2-o1-d3-s0" / "train_result.json")
 
     for trial in rows.index:
-        checkpoint = Path(rows.loc[trial, "checkpoint"])
+        checkpoint = Path(output) / rows.loc[trial, "checkpoint"]
         assert checkpoint.name == "last.ckpt" and checkpoint.parent.parent.name == trial
         policy = load_policy(checkpoint)
         actions = policy.predict_action({"robot0_eef_pos": np.zeros((1, 3), np.float32)}, seed=0)
