@@ -60,6 +60,13 @@ class WBVIMAConfig:
         horizon: action chunk length; n_action_steps: how many of them are executed per prediction.
         proprio_key: the proprioception key (None: no proprioception token).
         proprio_hidden_dims: MLP of the proprioception encoder.
+        proprio_noise_std: standard deviation of Gaussian noise added to the normalised ([-1, 1])
+            proprioception while training (not at inference), as the diffusion policy's
+            ``obs_noise_std``.
+        hidden_proprio_dims: entries of the proprioception vector the policy does not see (set to
+            zero after normalisation). The JoyLo proprioception starts with the base velocity,
+            which a simulated base tracks exactly: the last command is then in the observation,
+            and a policy can copy it instead of reading the scene ([0, 1, 2] hides it).
         point_cloud: point-cloud keys and crop box (None: no point-cloud token).
         point_cloud_encoder: PointNet settings (6 channels with rgb, 3 without).
         image_keys: camera keys encoded with the shared timm encoder, one token each per step.
@@ -80,6 +87,8 @@ class WBVIMAConfig:
     n_action_steps: int = 8
     proprio_key: str | None = "proprio"
     proprio_hidden_dims: list[int] = field(default_factory=lambda: [256, 256])
+    proprio_noise_std: float = 0.0
+    hidden_proprio_dims: list[int] = field(default_factory=list)
     point_cloud: PointCloudInput | None = field(default_factory=PointCloudInput)
     point_cloud_encoder: PointCloudEncoderConfig = field(default_factory=PointCloudEncoderConfig)
     image_keys: list[str] = field(default_factory=list)
@@ -113,6 +122,10 @@ class WBVIMAConfig:
             self.image = ImageEncoderConfig(**self.image)
         if not self.chain:
             raise ValueError("chain must list at least one part")
+        if self.proprio_noise_std < 0.0:
+            raise ValueError(f"proprio_noise_std {self.proprio_noise_std} must be >= 0")
+        if (self.proprio_noise_std > 0.0 or self.hidden_proprio_dims) and self.proprio_key is None:
+            raise ValueError("proprio_noise_std and hidden_proprio_dims need a proprio_key")
         if self.obs_window < 1:
             raise ValueError(f"obs_window must be >= 1, got {self.obs_window}")
         if not 1 <= self.n_action_steps <= self.horizon:

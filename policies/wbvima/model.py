@@ -167,6 +167,13 @@ class WBVIMAPolicy(PolicyNetworkBase):
             size = int(torch.tensor(self.features[config.proprio_key]["shape"]).prod())
             encoder = LowDimEncoder(size, LowDimEncoderConfig(hidden_dims=list(config.proprio_hidden_dims)))
             self._add_token("proprio", encoder, encoder.feature_dim)
+            outside = [d for d in config.hidden_proprio_dims if not 0 <= d < size]
+            if outside:
+                raise ValueError(f"hidden_proprio_dims {outside} are outside the {size}-D {config.proprio_key!r}")
+            visible = torch.ones(size)
+            visible[list(config.hidden_proprio_dims)] = 0.0
+            # Derived from the config, so not part of the weights (older checkpoints load unchanged).
+            self.register_buffer("proprio_visible", visible, persistent=False)
         for key in config.image_keys:
             encoder = ImageEncoder(self.features[key]["shape"], config.image)
             self._add_token(key, encoder, encoder.feature_dim)
@@ -288,12 +295,23 @@ class WBVIMAPolicy(PolicyNetworkBase):
                 mask = obs[cloud.mask_key] if cloud.mask_key is not None else None
                 features = self.token_encoders[name](xyz, rgb, mask)
             elif name == "proprio":
-                key = self.config.proprio_key
-                features = self.token_encoders[name](self.normalizer.normalize(key, obs[key].float()))
+                features = self.token_encoders[name](self.observed_proprio(obs))
             else:
                 features = self.token_encoders[name](obs[name])
             tokens.append(self.token_projections[name](features))
         return torch.stack(tokens, dim=2)
+
+    def observed_proprio(self, obs: Mapping[str, torch.Tensor]) -> torch.Tensor:
+        """The proprioception as the policy sees it: normalised, hidden entries zeroed, and with
+        ``proprio_noise_std`` of noise while training."""
+        key = self.config.proprio_key
+        assert key is not None
+        proprio = self.normalizer.normalize(key, obs[key].float())
+        if self.training and self.config.proprio_noise_std > 0.0:
+            proprio = proprio + self.config.proprio_noise_std * torch.randn_like(proprio)
+        if self.config.hidden_proprio_dims:
+            proprio = proprio * self.proprio_visible.view(*([1] * (proprio.dim() - 1)), -1)
+        return proprio
 
     def readout_embedding(self, obs: Mapping[str, torch.Tensor]) -> torch.Tensor:
         """Observation window -> (B, embed_dim): the last step's readout (or the fused tokens)."""

@@ -177,3 +177,36 @@ def test_bad_chains_and_point_clouds_fail_before_training():
     obs["pointcloud_rgb"] = obs["pointcloud_rgb"][:, :, :5]
     with pytest.raises(ValueError, match="pointcloud_rgb"):
         policy.predict_action(obs)
+
+
+def test_hidden_proprio_dims_are_not_seen_and_the_others_are():
+    """Hiding the base velocity (the first 3 JoyLo proprioception entries): changing them leaves the
+    readout unchanged; changing an arm joint still moves it."""
+    torch.manual_seed(0)
+    features = joylo_features()
+    policy = WBVIMAPolicy(tiny_config(hidden_proprio_dims=[0, 1, 2]), features, unit_stats(features)).eval()
+    obs = random_obs()
+    base = policy.readout_embedding(obs)
+    velocity_changed = {**obs, "proprio": obs["proprio"].clone()}
+    velocity_changed["proprio"][..., :3] += 0.7
+    torch.testing.assert_close(policy.readout_embedding(velocity_changed), base)
+    joint_changed = {**obs, "proprio": obs["proprio"].clone()}
+    joint_changed["proprio"][..., 10] += 0.7
+    assert not torch.allclose(policy.readout_embedding(joint_changed), base)
+    with pytest.raises(ValueError, match="outside"):
+        WBVIMAPolicy(tiny_config(hidden_proprio_dims=[21]), features, unit_stats(features))
+
+
+def test_proprio_noise_acts_while_training_only():
+    torch.manual_seed(0)
+    features = joylo_features()
+    policy = WBVIMAPolicy(tiny_config(proprio_noise_std=0.5), features, unit_stats(features))
+    obs = random_obs()
+    clean = policy.normalizer.normalize("proprio", obs["proprio"].float())
+    policy.train()
+    noisy = policy.observed_proprio(obs)
+    assert 0.3 < float((noisy - clean).std()) < 0.7  # the configured 0.5
+    policy.eval()
+    torch.testing.assert_close(policy.observed_proprio(obs), clean)
+    with pytest.raises(ValueError, match="proprio_noise_std"):
+        tiny_config(proprio_noise_std=-0.1)
