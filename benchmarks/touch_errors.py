@@ -1,0 +1,138 @@
+"""Where a touch_shelf policy's touch goes wrong: what the base and the hand do once the robot stands
+at the shelf with the torso at the board's height.
+
+    python benchmarks/touch_errors.py CHECKPOINT [CHECKPOINT ...] --rollouts 16
+    python benchmarks/touch_errors.py expert --rollouts 16
+
+Each policy is rolled out on the task's training pairs (or ``--split unseen``; environment k with
+object k, k < ``--pairs``) through the rollout's own actor (windows built as ``demoscale eval``
+builds them). Per rollout: success; the median forward base command (|vx|, m/s) over the steps
+after the first two stages are reached (the expert stands still there, so anything well above zero
+is a robot still driving into the shelf); the closest any hand came to the object (mm, MuJoCo's
+geom distance, 0 or less at contact); whether the object left the board or tipped over. The
+scripted expert is the reference. A table on screen, JSON to ``benchmarks/results/touch_errors.json``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+from report import add_json_option, emit_json
+
+
+def rollout(actor: Any, definition: Any, env_id: int, object_id: int, seed: int) -> dict[str, Any]:
+    """One rollout of ``actor`` (:func:`demoscale.eval.rollout.actor_for`) with its touch figures."""
+    import mujoco
+
+    env = definition.make_env(env_id, object_id, image_size=64)
+    try:
+        history = [env.reset(seed)]
+        actor.start(0, env, seed)
+        queue: list[np.ndarray] = []
+        closest = float("inf")
+        base_forward: list[float] = []
+        object_left_board = False
+        while env.steps < definition.max_steps and not env.success():
+            if not queue:
+                queue = list(actor.chunks([0], {0: history}, seed=seed + env.steps)[0])
+            action = queue.pop(0)
+            if all(env.stages()[:2]):
+                base_forward.append(abs(float(action[0])))
+            history.append(env.step(action))
+            for geom in env._hand_geoms:
+                closest = min(
+                    closest, mujoco.mj_geomDistance(env.model, env.data, geom, env._object_geom, 1.0, None)
+                )
+            object_left_board = object_left_board or not env._object_on_board()
+        return {
+            "env_id": env_id,
+            "success": bool(env.success()),
+            "stages": [bool(s) for s in env.stages()],
+            "steps": int(env.steps),
+            "base_forward_at_shelf": statistics.median(base_forward) if base_forward else None,
+            "closest_hand_mm": 1000 * closest,
+            "object_left_board": object_left_board,
+        }
+    finally:
+        env.close()
+
+
+def summarise(rows: list[dict[str, Any]]) -> dict[str, Any]:
+    """Rates and medians over the rollouts (the hand's distance over the failures only)."""
+    at_shelf = [r["base_forward_at_shelf"] for r in rows if r["base_forward_at_shelf"] is not None]
+    missed = [r["closest_hand_mm"] for r in rows if not r["success"]]
+    return {
+        "rollouts": len(rows),
+        "success_rate": float(np.mean([r["success"] for r in rows])),
+        "reached_height_rate": float(np.mean([all(r["stages"][:2]) for r in rows])),
+        "base_forward_at_shelf_median": statistics.median(at_shelf) if at_shelf else None,
+        "closest_hand_mm_failures_median": statistics.median(missed) if missed else None,
+        "object_left_board_rate": float(np.mean([r["object_left_board"] for r in rows])),
+        "per_rollout": rows,
+    }
+
+
+def _label(name: str) -> str:
+    """A checkpoint's run folder and file name (``runs/x/checkpoints/last.ckpt`` -> ``x/last.ckpt``)."""
+    path = Path(name)
+    if name == "expert" or len(path.parts) < 3:
+        return name
+    return f"{path.parent.parent.name}/{path.name}"
+
+
+def _cell(value: float | None, digits: int) -> str:
+    return "-" if value is None else f"{value:.{digits}f}"
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("policies", nargs="+", help="checkpoint paths, or 'expert'")
+    parser.add_argument("--rollouts", type=int, default=16)
+    parser.add_argument("--split", choices=["train", "unseen"], default="train")
+    parser.add_argument("--pairs", type=int, default=16, help="environment k with object k, k < PAIRS")
+    parser.add_argument("--seed", type=int, default=5000, help="first rollout seed")
+    parser.add_argument("--threads", type=int, default=1)
+    add_json_option(parser)
+    args = parser.parse_args(argv)
+    os.environ.setdefault("MUJOCO_GL", "egl")
+
+    import torch
+    from demoscale.eval import ids
+    from demoscale.eval.rollout import actor_for
+    from demoscale.eval.tasks import get_task
+
+    torch.set_num_threads(args.threads)
+    definition = get_task("touch_shelf")
+    pairs = list(
+        zip(ids.env_ids(args.split, args.pairs), ids.object_ids(args.split, args.pairs), strict=True)
+    )
+    results: dict[str, Any] = {}
+    for name in args.policies:
+        actor = actor_for(name)
+        rows = [
+            rollout(actor, definition, *pairs[k % len(pairs)], args.seed + k) for k in range(args.rollouts)
+        ]
+        results[name] = summarise(rows)
+    print(
+        "| policy | success | torso stage reached | base forward at the shelf m/s | closest hand mm (misses) | object left the board |"
+    )
+    print("|" + " --- |" * 6)
+    for name, summary in results.items():
+        print(
+            f"| {_label(name)} | {summary['success_rate']:.2f} | {summary['reached_height_rate']:.2f} | "
+            f"{_cell(summary['base_forward_at_shelf_median'], 3)} | "
+            f"{_cell(summary['closest_hand_mm_failures_median'], 0)} | {summary['object_left_board_rate']:.2f} |"
+        )
+    emit_json(
+        "touch_errors", {"split": args.split, "rollouts": args.rollouts, "policies": results}, args.json
+    )
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
