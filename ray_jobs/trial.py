@@ -303,7 +303,7 @@ def relative_to_output(path: str, output: str) -> str:
     the machine that wrote it. ``ResultsFolder.resolve`` turns it back into a full path or URL."""
     prefix = output.rstrip("/") + "/"
     if path.startswith(prefix):
-        return path[len(prefix):]
+        return path[len(prefix) :]
     resolved, root = Path(path), Path(output)
     if "://" not in output and resolved.is_absolute() and root.is_absolute():
         try:

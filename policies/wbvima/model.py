@@ -169,7 +169,9 @@ class WBVIMAPolicy(PolicyNetworkBase):
             self._add_token("proprio", encoder, encoder.feature_dim)
             outside = [d for d in config.hidden_proprio_dims if not 0 <= d < size]
             if outside:
-                raise ValueError(f"hidden_proprio_dims {outside} are outside the {size}-D {config.proprio_key!r}")
+                raise ValueError(
+                    f"hidden_proprio_dims {outside} are outside the {size}-D {config.proprio_key!r}"
+                )
             visible = torch.ones(size)
             visible[list(config.hidden_proprio_dims)] = 0.0
             # Derived from the config, so not part of the weights (older checkpoints load unchanged).

@@ -48,8 +48,21 @@ def test_a_policy_is_rolled_out_and_measured_open_loop_on_its_store(tmp_path: Pa
     checkpoint = REPO_ROOT / "tests" / "fixtures" / "checkpoints" / "diffusion.ckpt"
     out = tmp_path / "grasp_errors.json"
     result = subprocess.run(
-        [sys.executable, str(SCRIPT), str(checkpoint), "--rollouts", "1", "--image-size", "32",
-         "--store", str(tmp_path / "store.zarr"), "--store-every", "1", "--json", str(out)],
+        [
+            sys.executable,
+            str(SCRIPT),
+            str(checkpoint),
+            "--rollouts",
+            "1",
+            "--image-size",
+            "32",
+            "--store",
+            str(tmp_path / "store.zarr"),
+            "--store-every",
+            "1",
+            "--json",
+            str(out),
+        ],
         cwd=REPO_ROOT,
         env={**os.environ, "MUJOCO_GL": os.environ.get("MUJOCO_GL", "egl")},
         capture_output=True,

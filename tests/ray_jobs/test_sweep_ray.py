@@ -63,7 +63,10 @@ def test_grid_sweep_survives_a_killed_worker(sweep_files) -> None:
     assert (rows["train_steps"] == 4).all() and (rows["samples_seen"] == 32).all()
     assert rows["score"].between(0, 1).all() and (rows["n_rollouts"] == 0).all()
     # Checkpoints are recorded relative to the sweep folder (the table travels with it).
-    assert all(c == f"trials/{t}/checkpoints/last.ckpt" for t, c in zip(rows["trial_id"], rows["checkpoint"], strict=True))
+    assert all(
+        c == f"trials/{t}/checkpoints/last.ckpt"
+        for t, c in zip(rows["trial_id"], rows["checkpoint"], strict=True)
+    )
     assert all(Path(ResultsFolder(str(output)).resolve(c)).exists() for c in rows["checkpoint"])
     assert (output / "results.parquet").exists() and (output / "rollouts.csv").exists()
     _assert_resumed_from_checkpoint(output, KILLED)
