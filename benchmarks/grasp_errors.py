@@ -18,11 +18,10 @@ from __future__ import annotations
 import argparse
 import os
 import statistics
-from pathlib import Path
 from typing import Any
 
 import numpy as np
-from report import add_json_option, emit_json
+from report import add_json_option, checkpoint_label, emit_json
 
 
 def _grasp_yaw_error(env: Any, eef_rotvec: np.ndarray) -> float:
@@ -127,14 +126,6 @@ def summarise(rows: list[dict]) -> dict[str, Any]:
     return out
 
 
-def _label(name: str) -> str:
-    """A checkpoint's run folder and file name (``runs/x/checkpoints/last.ckpt`` -> ``x/last.ckpt``)."""
-    path = Path(name)
-    if name == "expert" or len(path.parts) < 3:
-        return name
-    return f"{path.parent.parent.name}/{path.name}"
-
-
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("policies", nargs="+", help="checkpoint paths, or 'expert'")
@@ -162,8 +153,8 @@ def main(argv: list[str] | None = None) -> int:
     torch.set_num_threads(args.threads)
     args.env_options = {"cameras": list(args.cameras)}
     definition = get_task("pick_place")
-    pairs = list(
-        zip(ids.env_ids(args.split, args.pairs), ids.object_ids(args.split, args.pairs), strict=True)
+    pairs = ids.pair_ids(
+        ids.env_ids(args.split, args.pairs), ids.object_ids(args.split, args.pairs), "unique"
     )
     results: dict[str, Any] = {}
     for name in args.policies:
@@ -189,14 +180,14 @@ def main(argv: list[str] | None = None) -> int:
                 part.get(k) for k in ("command_xy_mm", "gripper_xy_mm", "command_z_mm", "abs_yaw_error_deg")
             ]
             print(
-                f"| {_label(name)} ({label}) | {summary['success_rate']:.2f} | {summary['lift_rate']:.2f} "
+                f"| {checkpoint_label(name)} ({label}) | {summary['success_rate']:.2f} | {summary['lift_rate']:.2f} "
                 f"| {part['n']} | " + " | ".join("-" if c is None else f"{c:.1f}" for c in cells) + " |"
             )
     for name, summary in results.items():
         if "open_loop" in summary:
             loop = summary["open_loop"]
             print(
-                f"{_label(name)} open loop on its demos ({loop['episodes']} episodes, action "
+                f"{checkpoint_label(name)} open loop on its demos ({loop['episodes']} episodes, action "
                 f"{loop['ahead']} steps ahead): {loop['before_close_xy_mm']:.1f} mm before the close, "
                 f"{loop['elsewhere_xy_mm']:.1f} mm elsewhere"
             )

@@ -46,3 +46,12 @@ def emit_json(name: str, payload: dict[str, Any], option: str | None) -> Path:
     path.write_text(text + "\n")
     print(f"wrote {path}")
     return path
+
+
+def checkpoint_label(name: str) -> str:
+    """A checkpoint's run folder and file name for tables (``runs/x/checkpoints/last.ckpt`` ->
+    ``x/last.ckpt``); ``expert`` and short names as they are."""
+    path = Path(name)
+    if name == "expert" or len(path.parts) < 3:
+        return name
+    return f"{path.parent.parent.name}/{path.name}"

@@ -18,11 +18,10 @@ from __future__ import annotations
 import argparse
 import os
 import statistics
-from pathlib import Path
 from typing import Any
 
 import numpy as np
-from report import add_json_option, emit_json
+from report import add_json_option, checkpoint_label, emit_json
 
 
 def rollout(actor: Any, definition: Any, env_id: int, object_id: int, seed: int) -> dict[str, Any]:
@@ -77,14 +76,6 @@ def summarise(rows: list[dict[str, Any]]) -> dict[str, Any]:
     }
 
 
-def _label(name: str) -> str:
-    """A checkpoint's run folder and file name (``runs/x/checkpoints/last.ckpt`` -> ``x/last.ckpt``)."""
-    path = Path(name)
-    if name == "expert" or len(path.parts) < 3:
-        return name
-    return f"{path.parent.parent.name}/{path.name}"
-
-
 def _cell(value: float | None, digits: int) -> str:
     return "-" if value is None else f"{value:.{digits}f}"
 
@@ -108,8 +99,8 @@ def main(argv: list[str] | None = None) -> int:
 
     torch.set_num_threads(args.threads)
     definition = get_task("touch_shelf")
-    pairs = list(
-        zip(ids.env_ids(args.split, args.pairs), ids.object_ids(args.split, args.pairs), strict=True)
+    pairs = ids.pair_ids(
+        ids.env_ids(args.split, args.pairs), ids.object_ids(args.split, args.pairs), "unique"
     )
     results: dict[str, Any] = {}
     for name in args.policies:
@@ -124,7 +115,7 @@ def main(argv: list[str] | None = None) -> int:
     print("|" + " --- |" * 6)
     for name, summary in results.items():
         print(
-            f"| {_label(name)} | {summary['success_rate']:.2f} | {summary['reached_height_rate']:.2f} | "
+            f"| {checkpoint_label(name)} | {summary['success_rate']:.2f} | {summary['reached_height_rate']:.2f} | "
             f"{_cell(summary['base_forward_at_shelf_median'], 3)} | "
             f"{_cell(summary['closest_hand_mm_failures_median'], 0)} | {summary['object_left_board_rate']:.2f} |"
         )

@@ -5,26 +5,14 @@ the figures the script reports for policies mean nothing. Real MuJoCo rollouts, 
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
-SCRIPT = REPO_ROOT / "benchmarks" / "grasp_errors.py"
 
 
-def test_the_expert_closes_on_the_object_aligned_with_its_narrow_side(tmp_path: Path) -> None:
+def test_the_expert_closes_on_the_object_aligned_with_its_narrow_side(tmp_path: Path, run_benchmark) -> None:
     out = tmp_path / "grasp_errors.json"
-    result = subprocess.run(
-        [sys.executable, str(SCRIPT), "expert", "--rollouts", "3", "--json", str(out)],
-        cwd=REPO_ROOT,
-        env={**os.environ, "MUJOCO_GL": os.environ.get("MUJOCO_GL", "egl")},
-        capture_output=True,
-        text=True,
-        timeout=600,
-    )
-    assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-4000:]
+    result = run_benchmark("grasp_errors.py", "expert", "--rollouts", "3", "--json", str(out))
     assert "| expert (lifted) |" in result.stdout
     expert = json.loads(out.read_text())["policies"]["expert"]
     assert expert["rollouts"] == 3 and expert["lift_rate"] == 1.0 and expert["never_closed"] == 0
@@ -37,7 +25,7 @@ def test_the_expert_closes_on_the_object_aligned_with_its_narrow_side(tmp_path: 
     assert lifted["abs_yaw_error_deg"] < 1.0
 
 
-def test_a_policy_is_rolled_out_and_measured_open_loop_on_its_store(tmp_path: Path) -> None:
+def test_a_policy_is_rolled_out_and_measured_open_loop_on_its_store(tmp_path: Path, run_benchmark) -> None:
     """The policy path: the saved diffusion fixture (UMI layout, 32 px, untrained) acts through the
     rollout's own actor, and ``--store`` measures it open loop on real collected demos."""
     from demoscale.collect import ingest_umi
@@ -47,29 +35,20 @@ def test_a_policy_is_rolled_out_and_measured_open_loop_on_its_store(tmp_path: Pa
     ingest_umi(tmp_path / "raw", tmp_path / "store.zarr", progress=False)
     checkpoint = REPO_ROOT / "tests" / "fixtures" / "checkpoints" / "diffusion.ckpt"
     out = tmp_path / "grasp_errors.json"
-    result = subprocess.run(
-        [
-            sys.executable,
-            str(SCRIPT),
-            str(checkpoint),
-            "--rollouts",
-            "1",
-            "--image-size",
-            "32",
-            "--store",
-            str(tmp_path / "store.zarr"),
-            "--store-every",
-            "1",
-            "--json",
-            str(out),
-        ],
-        cwd=REPO_ROOT,
-        env={**os.environ, "MUJOCO_GL": os.environ.get("MUJOCO_GL", "egl")},
-        capture_output=True,
-        text=True,
-        timeout=600,
+    run_benchmark(
+        "grasp_errors.py",
+        str(checkpoint),
+        "--rollouts",
+        "1",
+        "--image-size",
+        "32",
+        "--store",
+        str(tmp_path / "store.zarr"),
+        "--store-every",
+        "1",
+        "--json",
+        str(out),
     )
-    assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-4000:]
     measured = json.loads(out.read_text())["policies"][str(checkpoint)]
     assert measured["rollouts"] == 1
     # Every rollout is counted once: it closed (lifted or not) or it never closed.

@@ -5,26 +5,12 @@ policies are read against these. Real MuJoCo rollouts with point clouds, ~15 s."
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
 from pathlib import Path
 
-REPO_ROOT = Path(__file__).resolve().parents[2]
-SCRIPT = REPO_ROOT / "benchmarks" / "touch_errors.py"
 
-
-def test_the_expert_stands_still_at_the_shelf_and_touches(tmp_path: Path) -> None:
+def test_the_expert_stands_still_at_the_shelf_and_touches(tmp_path: Path, run_benchmark) -> None:
     out = tmp_path / "touch_errors.json"
-    result = subprocess.run(
-        [sys.executable, str(SCRIPT), "expert", "--rollouts", "2", "--json", str(out)],
-        cwd=REPO_ROOT,
-        env={**os.environ, "MUJOCO_GL": os.environ.get("MUJOCO_GL", "egl")},
-        capture_output=True,
-        text=True,
-        timeout=600,
-    )
-    assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-4000:]
+    result = run_benchmark("touch_errors.py", "expert", "--rollouts", "2", "--json", str(out))
     assert "| expert | 1.00 | 1.00 |" in result.stdout
     expert = json.loads(out.read_text())["policies"]["expert"]
     assert expert["rollouts"] == 2 and expert["success_rate"] == 1.0
