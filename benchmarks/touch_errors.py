@@ -26,8 +26,6 @@ from report import add_json_option, checkpoint_label, emit_json
 
 def rollout(actor: Any, definition: Any, env_id: int, object_id: int, seed: int) -> dict[str, Any]:
     """One rollout of ``actor`` (:func:`demoscale.eval.rollout.actor_for`) with its touch figures."""
-    import mujoco
-
     env = definition.make_env(env_id, object_id, image_size=64)
     try:
         history = [env.reset(seed)]
@@ -43,11 +41,8 @@ def rollout(actor: Any, definition: Any, env_id: int, object_id: int, seed: int)
             if all(env.stages()[:2]):
                 base_forward.append(abs(float(action[0])))
             history.append(env.step(action))
-            for geom in env._hand_geoms:
-                closest = min(
-                    closest, mujoco.mj_geomDistance(env.model, env.data, geom, env._object_geom, 1.0, None)
-                )
-            object_left_board = object_left_board or not env._object_on_board()
+            closest = min(closest, env.hand_object_distance())
+            object_left_board = object_left_board or not env.object_on_board()
         return {
             "env_id": env_id,
             "success": bool(env.success()),

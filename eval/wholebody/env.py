@@ -441,7 +441,16 @@ class TouchShelfEnv(WholeBodyEnv):
                 return True
         return False
 
-    def _object_on_board(self) -> bool:
+    def hand_object_distance(self) -> float:
+        """The smallest distance (m) between a palm or finger geom of either hand and the object
+        (MuJoCo's geom distance, searched up to 1 m; 0 or less in contact)."""
+        return min(
+            mujoco.mj_geomDistance(self.model, self.data, geom, self._object_geom, 1.0, None)
+            for geom in self._hand_geoms
+        )
+
+    def object_on_board(self) -> bool:
+        """Whether the object still stands upright where it started on the board."""
         position = self.object_position()
         upright = self.data.xmat[self._object_body][8] > 0.9
         return bool(abs(position[2] - self.object_start[2]) < 0.02 and upright)
@@ -452,7 +461,7 @@ class TouchShelfEnv(WholeBodyEnv):
         at_shelf = scene.shelf_x - x < AT_SHELF_DEPTH and abs(y - scene.shelf_y) < AT_SHELF_LATERAL
         low, high = SHOULDER_ABOVE_BOARD
         at_height = low <= self.shoulder_above_board() <= high
-        touching = self.hand_touches_object() and self._object_on_board()
+        touching = self.hand_touches_object() and self.object_on_board()
         for index, reached_now in enumerate((at_shelf, at_height, touching)):
             if reached_now and all(self._stages[:index]):
                 self._stages[index] = True
