@@ -8,6 +8,14 @@ brings them into a store from there, reading env/object ids from the directory l
 By default only successful expert demonstrations are kept (an expert that fails is retried with a
 new episode seed, up to ``max_attempts_per_demo`` times per demo); ``keep_failed=True`` keeps every
 attempted episode instead.
+
+``action_noise`` > 0 injects noise into the demonstrations, as DART does (Laskey et al., 2017): the
+robot executes the expert's command plus Gaussian noise of that standard deviation (in action units,
+every dimension), and the expert, which reads the simulator's state, corrects from wherever the
+noise left it. A policy trained on such demos has seen states off the expert's path and the way
+back, which is what its own small errors lead it into in closed loop. A format that records the
+commands (JoyLo) keeps the expert's clean command as the label; one whose actions are the next
+recorded pose (UMI) labels the executed, noisy motion, corrections included.
 """
 
 from __future__ import annotations
@@ -56,18 +64,25 @@ class CollectResult:
         return sum(p.successes for p in self.pairs) / attempts if attempts else float("nan")
 
 
-def run_expert_episode(env, seed: int) -> tuple[dict[str, np.ndarray], bool]:
+def run_expert_episode(env, seed: int, action_noise: float = 0.0) -> tuple[dict[str, np.ndarray], bool]:
     """Run the scripted expert for one episode; returns (time-major observations + ``action``, success).
 
     Frames are the observations before every action plus the final one; the expert's commanded
-    actions are returned under ``action`` (the last frame repeats the last command)."""
+    actions are returned under ``action`` (the last frame repeats the last command). With
+    ``action_noise`` > 0 the environment executes each command plus Gaussian noise of that standard
+    deviation (drawn from ``seed``), and ``action`` still holds the commands (see the module docstring).
+    """
+    if action_noise < 0:
+        raise ValueError(f"action_noise must be >= 0, got {action_noise}")
+    noise = np.random.default_rng([int(seed), 0x0DA127])
     obs = env.reset(seed)
     expert = env.expert(seed)
     frames = [obs]
     actions = []
     for _ in range(env.max_steps):
         action = expert.act(obs)
-        obs = env.step(action)
+        executed = action + noise.normal(0.0, action_noise, np.shape(action)) if action_noise else action
+        obs = env.step(executed)
         frames.append(obs)
         actions.append(np.asarray(action, dtype=np.float32))
         if getattr(expert, "done", False):
@@ -93,8 +108,10 @@ def collect_pair(
     keep_failed: bool = False,
     max_attempts_per_demo: int = 3,
     env_options: dict | None = None,
+    action_noise: float = 0.0,
 ) -> PairResult:
-    """Collect ``demos`` demonstrations of one pair and write them in the task's raw format."""
+    """Collect ``demos`` demonstrations of one pair and write them in the task's raw format
+    (``action_noise``: see the module docstring)."""
     definition = get_task(task)
     env = definition.make_env(env_id, object_id, image_size=image_size, **(env_options or {}))
     episodes, attempts, successes = [], 0, 0
@@ -103,7 +120,9 @@ def collect_pair(
     capture = capture_sources(env, definition.name, image_size, env_options)
     try:
         while len(episodes) < demos and attempts < demos * max_attempts_per_demo:
-            episode, success = run_expert_episode(env, _pair_seed(seed, env_id, object_id, attempts))
+            episode, success = run_expert_episode(
+                env, _pair_seed(seed, env_id, object_id, attempts), action_noise
+            )
             attempts += 1
             successes += success
             if success or keep_failed:
@@ -151,6 +170,7 @@ def collect_sim(
     env_options: dict | None = None,
     progress: bool = True,
     pairing: str = "grid",
+    action_noise: float = 0.0,
 ) -> CollectResult:
     """Collect scripted demos on the first ``n_envs`` x ``n_objects`` ids of ``split``.
 
@@ -160,13 +180,16 @@ def collect_sim(
     tabletop tasks, e.g. ``{"cameras": ["scene"]}``).
     ``pairing="grid"`` collects every environment x object pair; ``pairing="unique"`` gives each
     environment its own object (pair k = environment k, object k; needs ``n_envs == n_objects``),
-    the data-scaling-laws study's recommended layout.
+    the data-scaling-laws study's recommended layout. ``action_noise`` > 0 perturbs every executed
+    expert command by Gaussian noise of that standard deviation (DART; see the module docstring).
     """
     from tqdm.auto import tqdm
 
     definition = get_task(task)  # unknown task: error before anything runs
     if min(n_envs, n_objects, demos_per_pair) < 1:
         raise ValueError("n_envs, n_objects and demos_per_pair must all be >= 1")
+    if action_noise < 0:
+        raise ValueError(f"action_noise must be >= 0, got {action_noise}")
     envs = env_ids(split, n_envs + env_offset)[env_offset:]
     objects = object_ids(split, n_objects + object_offset)[object_offset:]
     pairs = pair_ids(envs, objects, pairing)
@@ -181,6 +204,7 @@ def collect_sim(
             image_size=image_size,
             keep_failed=keep_failed,
             env_options=env_options,
+            action_noise=action_noise,
         )
         for e, o in pairs
     ]

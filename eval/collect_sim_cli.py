@@ -43,6 +43,13 @@ def build_parser() -> argparse.ArgumentParser:
         help="grid: every env x object; unique: object k only in environment k (needs --envs == --objects)",
     )
     sim.add_argument("--keep-failed", action="store_true", help="keep failed expert episodes too")
+    sim.add_argument(
+        "--action-noise",
+        type=float,
+        default=0.0,
+        help="standard deviation (action units) of Gaussian noise added to every executed expert "
+        "command, DART-style: the expert corrects, the JoyLo label stays its command",
+    )
     sim.add_argument("--json", action="store_true", help="print the summary as JSON")
     return parser
 
@@ -66,6 +73,7 @@ def main(argv: list[str]) -> int:
             keep_failed=args.keep_failed,
             env_options=options,
             pairing=args.pairing,
+            action_noise=args.action_noise,
         )
     except (UnknownTaskError, IdRangeError, ValueError) as error:
         print(f"demoscale collect sim: error: {error}", file=sys.stderr)

@@ -87,3 +87,30 @@ def test_every_task_names_the_ingest_format_its_demos_are_written_in() -> None:
     formats = {name: get_task(name).source_format for name in task_names()}
     assert set(formats.values()) <= set(FORMATS), formats
     assert formats["touch_shelf"] == formats["fetch_shelf"] == "joylo" and formats["reach"] == "umi"
+
+
+def test_action_noise_perturbs_the_executed_motion(tmp_path, capsys) -> None:
+    """UMI labels are the next recorded pose, so noise injected into the executed commands shows in
+    the recorded motion; the same seed gives the same noise."""
+    from imagecodecs.numcodecs import register_codecs
+
+    register_codecs()
+
+    def positions(out, noise: float) -> np.ndarray:
+        argv = ["sim", "--task", "reach", "--envs", "1", "--objects", "1", "--demos-per-pair", "1",
+                "--out", str(out), "--image-size", "16", "--action-noise", str(noise)]  # fmt: skip
+        assert collect_main(argv) == 0
+        path = out / "reach" / "env_0" / "object_0" / "dataset.zarr.zip"
+        root = zarr.open_group(zarr.storage.ZipStore(path, mode="r"), mode="r", zarr_format=2)
+        return root["data/robot0_eef_pos"][:]
+
+    clean, noisy = positions(tmp_path / "clean", 0.0), positions(tmp_path / "noisy", 0.005)
+    np.testing.assert_array_equal(noisy, positions(tmp_path / "again", 0.005))
+
+    def jerk(pos: np.ndarray) -> float:
+        return float(np.abs(np.diff(pos, n=2, axis=0)).mean())
+
+    assert jerk(noisy) > 2 * jerk(clean) and jerk(noisy) > 0.002
+    capsys.readouterr()
+    with pytest.raises(ValueError, match="action_noise must be >= 0"):
+        collect_sim("reach", 1, 1, 1, tmp_path / "bad", progress=False, action_noise=-0.01)

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from functools import partial
+
 import h5py
 import numpy as np
 import pytest
@@ -118,3 +120,28 @@ def test_expert_success_rate_over_fifty_episodes(split: str) -> None:
         lengths.append(len(episode["action"]))
     assert successes >= 45, f"expert succeeded in {successes}/50 {split} episodes"
     assert max(lengths) <= task.max_steps + 1
+
+
+def test_noise_injected_demos_record_the_experts_commands() -> None:
+    """DART-style collection: the robot executes noisy commands, the expert corrects, and the
+    recording keeps the expert's own (smooth) commands as the actions."""
+    k = 3
+    make = partial(get_task("touch_shelf").make_env, env_id("train", k), object_id("train", k), **NO_RENDER)
+    clean_env, noisy_env = make(), make()
+    clean, clean_success = run_expert_episode(clean_env, seed=k)
+    noisy, _ = run_expert_episode(noisy_env, seed=k, action_noise=0.03)
+    again, _ = run_expert_episode(make(), seed=k, action_noise=0.03)
+    assert clean_success
+    np.testing.assert_array_equal(noisy["action"], again["action"])  # the noise is the seed's
+    joints = slice(3, 13)  # torso and left arm: position targets the simulator tracks
+
+    def tracking_error(episode) -> float:
+        return float(np.abs(episode["proprio"][1:, joints] - episode["action"][:-1, joints]).mean())
+
+    assert tracking_error(clean) < 0.003 and tracking_error(noisy) > 0.01  # the executed commands were noisy
+    # ... but the recorded ones are the expert's: smooth (noise of 0.03 recorded would give a mean
+    # second difference of about 0.05).
+    roughness = np.abs(np.diff(noisy["action"][:, joints], n=2, axis=0)).mean()
+    assert roughness < 0.003
+    with pytest.raises(ValueError, match="action_noise"):
+        run_expert_episode(clean_env, seed=k, action_noise=-0.1)
