@@ -64,16 +64,18 @@ class CollectResult:
         return sum(p.successes for p in self.pairs) / attempts if attempts else float("nan")
 
 
-def run_expert_episode(env, seed: int, action_noise: float = 0.0) -> tuple[dict[str, np.ndarray], bool]:
+def run_expert_episode(
+    env, seed: int, action_noise: float | Sequence[float] = 0.0
+) -> tuple[dict[str, np.ndarray], bool]:
     """Run the scripted expert for one episode; returns (time-major observations + ``action``, success).
 
     Frames are the observations before every action plus the final one; the expert's commanded
     actions are returned under ``action`` (the last frame repeats the last command). With
-    ``action_noise`` > 0 the environment executes each command plus Gaussian noise of that standard
-    deviation (drawn from ``seed``), and ``action`` still holds the commands (see the module docstring).
+    ``action_noise`` > 0 (one standard deviation for every action dimension, or one per dimension)
+    the environment executes each command plus Gaussian noise (drawn from ``seed``), and ``action``
+    still holds the commands (see the module docstring).
     """
-    if action_noise < 0:
-        raise ValueError(f"action_noise must be >= 0, got {action_noise}")
+    scale = noise_scale(action_noise)
     noise = np.random.default_rng([int(seed), 0x0DA127])
     obs = env.reset(seed)
     expert = env.expert(seed)
@@ -81,7 +83,14 @@ def run_expert_episode(env, seed: int, action_noise: float = 0.0) -> tuple[dict[
     actions = []
     for _ in range(env.max_steps):
         action = expert.act(obs)
-        executed = action + noise.normal(0.0, action_noise, np.shape(action)) if action_noise else action
+        if scale is None:
+            executed = action
+        elif scale.size not in (1, np.size(action)):
+            raise ValueError(
+                f"action_noise has {scale.size} standard deviations; the action has {np.size(action)} dimensions"
+            )
+        else:
+            executed = action + noise.normal(0.0, 1.0, np.shape(action)) * scale
         obs = env.step(executed)
         frames.append(obs)
         actions.append(np.asarray(action, dtype=np.float32))
@@ -91,6 +100,16 @@ def run_expert_episode(env, seed: int, action_noise: float = 0.0) -> tuple[dict[
     episode = {key: np.stack([frame[key] for frame in frames]) for key in frames[0]}
     episode["action"] = np.stack(actions)
     return episode, bool(env.success())
+
+
+def noise_scale(action_noise: float | Sequence[float]) -> np.ndarray | None:
+    """``action_noise`` as an array of standard deviations (``None`` when it is all zero)."""
+    scale = np.atleast_1d(np.asarray(action_noise, dtype=float))
+    if scale.ndim != 1 or not np.isfinite(scale).all() or (scale < 0).any():
+        raise ValueError(
+            f"action_noise must be >= 0 (one value or one per action dimension), got {action_noise}"
+        )
+    return scale if scale.any() else None
 
 
 def _pair_seed(seed: int, env_id: int, object_id: int, attempt: int) -> int:
@@ -108,7 +127,7 @@ def collect_pair(
     keep_failed: bool = False,
     max_attempts_per_demo: int = 3,
     env_options: dict | None = None,
-    action_noise: float = 0.0,
+    action_noise: float | Sequence[float] = 0.0,
 ) -> PairResult:
     """Collect ``demos`` demonstrations of one pair and write them in the task's raw format
     (``action_noise``: see the module docstring)."""
@@ -170,7 +189,7 @@ def collect_sim(
     env_options: dict | None = None,
     progress: bool = True,
     pairing: str = "grid",
-    action_noise: float = 0.0,
+    action_noise: float | Sequence[float] = 0.0,
 ) -> CollectResult:
     """Collect scripted demos on the first ``n_envs`` x ``n_objects`` ids of ``split``.
 
@@ -188,8 +207,11 @@ def collect_sim(
     definition = get_task(task)  # unknown task: error before anything runs
     if min(n_envs, n_objects, demos_per_pair) < 1:
         raise ValueError("n_envs, n_objects and demos_per_pair must all be >= 1")
-    if action_noise < 0:
-        raise ValueError(f"action_noise must be >= 0, got {action_noise}")
+    scale = noise_scale(action_noise)
+    if scale is not None and scale.size not in (1, definition.action_dim):
+        raise ValueError(
+            f"action_noise has {scale.size} standard deviations; {task} actions have {definition.action_dim} dimensions"
+        )
     envs = env_ids(split, n_envs + env_offset)[env_offset:]
     objects = object_ids(split, n_objects + object_offset)[object_offset:]
     pairs = pair_ids(envs, objects, pairing)

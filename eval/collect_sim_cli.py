@@ -46,9 +46,12 @@ def build_parser() -> argparse.ArgumentParser:
     sim.add_argument(
         "--action-noise",
         type=float,
-        default=0.0,
-        help="standard deviation (action units) of Gaussian noise added to every executed expert "
-        "command, DART-style: the expert corrects, the JoyLo label stays its command",
+        nargs="+",
+        default=[0.0],
+        metavar="STD",
+        help="standard deviation (action units; one value, or one per action dimension) of Gaussian "
+        "noise added to every executed expert command, DART-style: the expert corrects, the JoyLo "
+        "label stays its command",
     )
     sim.add_argument("--json", action="store_true", help="print the summary as JSON")
     return parser
@@ -73,7 +76,7 @@ def main(argv: list[str]) -> int:
             keep_failed=args.keep_failed,
             env_options=options,
             pairing=args.pairing,
-            action_noise=args.action_noise,
+            action_noise=args.action_noise[0] if len(args.action_noise) == 1 else args.action_noise,
         )
     except (UnknownTaskError, IdRangeError, ValueError) as error:
         print(f"demoscale collect sim: error: {error}", file=sys.stderr)

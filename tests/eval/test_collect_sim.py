@@ -112,5 +112,19 @@ def test_action_noise_perturbs_the_executed_motion(tmp_path, capsys) -> None:
 
     assert jerk(noisy) > 2 * jerk(clean) and jerk(noisy) > 0.002
     capsys.readouterr()
+    # One standard deviation per dimension: noise on the position only moves the position.
+    per_dim = clean
+    argv = ["sim", "--task", "reach", "--envs", "1", "--objects", "1", "--demos-per-pair", "1",
+            "--out", str(tmp_path / "width"), "--image-size", "16", "--action-noise", *["0"] * 6, "0.01"]  # fmt: skip
+    assert collect_main(argv) == 0
+    path = tmp_path / "width" / "reach" / "env_0" / "object_0" / "dataset.zarr.zip"
+    root = zarr.open_group(zarr.storage.ZipStore(path, mode="r"), mode="r", zarr_format=2)
+    np.testing.assert_allclose(
+        root["data/robot0_eef_pos"][:], per_dim, atol=1e-4
+    )  # the pose: as without noise
+    assert np.abs(np.diff(root["data/robot0_gripper_width"][:, 0])).max() > 0.002  # the width: noisy
+    capsys.readouterr()
     with pytest.raises(ValueError, match="action_noise must be >= 0"):
         collect_sim("reach", 1, 1, 1, tmp_path / "bad", progress=False, action_noise=-0.01)
+    with pytest.raises(ValueError, match="reach actions have 7 dimensions"):
+        collect_sim("reach", 1, 1, 1, tmp_path / "bad", progress=False, action_noise=[0.01, 0.01])
