@@ -238,3 +238,26 @@ def test_shipped_sweep_configs_load_and_name_existing_training_configs(path: Pat
     for name, policy in config.policies.items():
         assert Path(config.resolve(policy.config)).is_file(), (name, policy.config)
     assert set(config.grid.policy or config.policies) <= set(config.policies)
+
+
+def test_checkpoints_are_recorded_relative_to_the_sweep_folder(tmp_path: Path) -> None:
+    from demoscale.ray_jobs.trial import relative_to_output
+
+    out = tmp_path / "sweep"
+    (out / "trials" / "t1" / "checkpoints").mkdir(parents=True)
+    checkpoint = out / "trials" / "t1" / "checkpoints" / "last.ckpt"
+    checkpoint.write_bytes(b"")
+    assert relative_to_output(str(checkpoint), str(out)) == "trials/t1/checkpoints/last.ckpt"
+    # The same folder reached through a link (as a cluster mount or a symlinked runs/ gives it):
+    # no common prefix, the same files.
+    link = tmp_path / "linked"
+    link.symlink_to(out)
+    assert relative_to_output(str(checkpoint), str(link)) == "trials/t1/checkpoints/last.ckpt"
+    assert ResultsFolder(str(link)).resolve("trials/t1/checkpoints/last.ckpt") == str(
+        link / "trials" / "t1" / "checkpoints" / "last.ckpt"
+    )
+    # Outside the folder, or on another filesystem, the path stays as it is.
+    elsewhere = tmp_path / "elsewhere.ckpt"
+    assert relative_to_output(str(elsewhere), str(out)) == str(elsewhere)
+    assert relative_to_output("s3://bucket/a.ckpt", "s3://bucket/sweep") == "s3://bucket/a.ckpt"
+    assert relative_to_output("s3://bucket/sweep/trials/a.ckpt", "s3://bucket/sweep") == "trials/a.ckpt"
