@@ -10,7 +10,9 @@ builds them). Per rollout: success; the median forward base command (|vx|, m/s) 
 after the first two stages are reached (the expert stands still there, so anything well above zero
 is a robot still driving into the shelf); the closest any hand came to the object (mm, MuJoCo's
 geom distance, 0 or less at contact); whether the object left the board or tipped over. The
-scripted expert is the reference. A table on screen, JSON to ``benchmarks/results/touch_errors.json``.
+scripted expert is the reference. With ``--store`` each policy is also measured open loop on the
+demonstrations it learned from (``offline_errors``): where its commanded right hand goes against
+where the demonstration's did. A table on screen, JSON to ``benchmarks/results/touch_errors.json``.
 """
 
 from __future__ import annotations
@@ -56,6 +58,56 @@ def rollout(actor: Any, definition: Any, env_id: int, object_id: int, seed: int)
         env.close()
 
 
+# The touching arm's joints and the torso's in the 21-dim whole-body action (JoyLo layout).
+TORSO = slice(3, 7)
+RIGHT_ARM = slice(14, 20)
+
+
+def offline_errors(policy: Any, store_path: str, every: int, ahead: int, last: int = 8) -> dict[str, Any]:
+    """How closely the policy reproduces its demonstrations, open loop: on every ``every``-th episode
+    of ``store_path``, the distance (mm) between the right hand's grasp point under the torso and arm
+    targets the policy predicts ``ahead`` steps into its chunk and under the demonstration's (forward
+    kinematics of the robot, the base where the environment starts it: the distance does not depend
+    on where the base is), on the ``last`` frames before the touch (the episode's end) and on the
+    others. Small here and large in rollouts means the policy drifts off its demonstrations' states;
+    large here means it cannot fit them."""
+    from demoscale.datasets.store import EpisodeStore
+    from demoscale.eval.tasks import get_task
+    from demoscale.eval.wholebody.expert import ArmIK
+
+    store = EpisodeStore.open(store_path)
+    near_touch: list[float] = []
+    elsewhere: list[float] = []
+    for index in range(0, store.n_episodes, every):
+        episode = store.episode(index)
+        actions = episode["action"]
+        n = len(actions)
+        batch = {
+            key: np.stack([np.stack([episode[key][max(0, t + o)] for o in offsets]) for t in range(n)])
+            for key, offsets in policy.obs_offsets.items()
+        }
+        predicted = np.asarray(policy.predict_action_batch(batch, seed=index))
+        meta = store.episodes.iloc[index]
+        env = get_task("touch_shelf").make_env(int(meta["env_id"]), int(meta["object_id"]), render=False)
+        try:
+            env.reset(0)
+            kinematics = ArmIK(env, "right")
+            for t in range(n):
+                j = min(ahead, n - 1 - t)
+                hand, _ = kinematics.forward(predicted[t, j, TORSO], predicted[t, j, RIGHT_ARM])
+                demo, _ = kinematics.forward(actions[t + j, TORSO], actions[t + j, RIGHT_ARM])
+                (near_touch if t >= n - last else elsewhere).append(1000 * float(np.linalg.norm(hand - demo)))
+        finally:
+            env.close()
+    return {
+        "episodes": len(range(0, store.n_episodes, every)),
+        "ahead": ahead,
+        "last_frames": last,
+        "near_touch_hand_mm": statistics.median(near_touch),
+        "elsewhere_hand_mm": statistics.median(elsewhere),
+    }
+
+
 def summarise(rows: list[dict[str, Any]]) -> dict[str, Any]:
     """Rates and medians over the rollouts (the hand's distance over the failures only)."""
     at_shelf = [r["base_forward_at_shelf"] for r in rows if r["base_forward_at_shelf"] is not None]
@@ -83,6 +135,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--pairs", type=int, default=16, help="environment k with object k, k < PAIRS")
     parser.add_argument("--seed", type=int, default=5000, help="first rollout seed")
     parser.add_argument("--threads", type=int, default=1)
+    parser.add_argument("--store", help="also measure each policy open loop on this store's demos")
+    parser.add_argument("--every", type=int, default=4, help="--store: every k-th episode")
+    parser.add_argument(
+        "--ahead", type=int, default=0, help="--store: compare the action this far into the chunk"
+    )
     add_json_option(parser)
     args = parser.parse_args(argv)
     os.environ.setdefault("MUJOCO_GL", "egl")
@@ -104,6 +161,8 @@ def main(argv: list[str] | None = None) -> int:
             rollout(actor, definition, *pairs[k % len(pairs)], args.seed + k) for k in range(args.rollouts)
         ]
         results[name] = summarise(rows)
+        if args.store and name != "expert":
+            results[name]["offline_errors"] = offline_errors(actor.policy, args.store, args.every, args.ahead)
     print(
         "| policy | success | torso stage reached | base forward at the shelf m/s | closest hand mm (misses) | object left the board |"
     )
@@ -114,6 +173,17 @@ def main(argv: list[str] | None = None) -> int:
             f"{_cell(summary['base_forward_at_shelf_median'], 3)} | "
             f"{_cell(summary['closest_hand_mm_failures_median'], 0)} | {summary['object_left_board_rate']:.2f} |"
         )
+    offline = {name: r["offline_errors"] for name, r in results.items() if "offline_errors" in r}
+    if offline:
+        print(
+            f"\nOpen loop on {args.store}: the right hand's grasp point, predicted against demonstrated (mm)"
+        )
+        print("| policy | last frames before the touch | elsewhere |")
+        print("| --- | --- | --- |")
+        for name, errors in offline.items():
+            print(
+                f"| {checkpoint_label(name)} | {errors['near_touch_hand_mm']:.1f} | {errors['elsewhere_hand_mm']:.1f} |"
+            )
     emit_json(
         "touch_errors", {"split": args.split, "rollouts": args.rollouts, "policies": results}, args.json
     )

@@ -20,3 +20,47 @@ def test_the_expert_stands_still_at_the_shelf_and_touches(tmp_path: Path, run_be
     for rollout in expert["per_rollout"]:
         assert rollout["closest_hand_mm"] <= 0.5 and rollout["stages"] == [True, True, True]
         assert rollout["steps"] < 100  # the expert touches in about 60 steps
+
+
+def test_open_loop_errors_are_zero_for_the_demonstrations_and_not_for_a_policy(
+    tmp_path: Path, monkeypatch
+) -> None:
+    """``offline_errors`` (``--store``): replaying each demonstration's own chunks puts the hand
+    exactly where the demonstration did; the saved WB-VIMA fixture (untrained) does not."""
+    import numpy as np
+    from demoscale.collect.joylo import ingest_joylo
+    from demoscale.datasets import EpisodeStore
+    from demoscale.eval import collect_sim
+    from demoscale.policies import load_policy
+
+    monkeypatch.syspath_prepend(str(Path(__file__).resolve().parents[2] / "benchmarks"))
+    from touch_errors import offline_errors
+
+    # The fixture observes 24-point clouds: collect with that many.
+    collect_sim("touch_shelf", 2, 2, 1, tmp_path / "raw", image_size=32, pairing="unique",
+                env_options={"n_points": 24}, progress=False)  # fmt: skip
+    ingest_joylo(tmp_path / "raw", tmp_path / "store.zarr", progress=False)
+    store_path = str(tmp_path / "store.zarr")
+    fixture = load_policy(
+        Path(__file__).resolve().parents[2] / "tests" / "fixtures" / "checkpoints" / "wbvima.ckpt"
+    )
+
+    class Replay:
+        """The demonstrations' own chunks, episode after episode, as a policy would predict them."""
+
+        obs_offsets = fixture.obs_offsets
+
+        def __init__(self) -> None:
+            self.store, self.episode, self.horizon = EpisodeStore.open(store_path), 0, fixture.horizon
+
+        def predict_action_batch(self, batch, seed=None) -> np.ndarray:
+            actions = self.store.episode(self.episode)["action"]
+            self.episode += 1
+            n = len(actions)
+            return np.stack([actions[np.minimum(np.arange(t, t + self.horizon), n - 1)] for t in range(n)])
+
+    replayed = offline_errors(Replay(), store_path, every=1, ahead=2)
+    assert replayed["episodes"] == 2 and replayed["ahead"] == 2
+    assert replayed["near_touch_hand_mm"] == 0.0 and replayed["elsewhere_hand_mm"] == 0.0
+    untrained = offline_errors(fixture, store_path, every=1, ahead=0)
+    assert untrained["near_touch_hand_mm"] > 5.0 and np.isfinite(untrained["elsewhere_hand_mm"])
