@@ -74,6 +74,7 @@ def offline_errors(
     steps into its chunk and the demonstration's, on the 8 frames before the demonstration closes the
     gripper and on the others. Small here and large in rollouts means the policy drifts off its
     demonstrations' states, not that it cannot fit them."""
+    from demoscale.datasets import WindowSampler
     from demoscale.datasets.store import EpisodeStore
 
     store = EpisodeStore.open(store_path)
@@ -84,11 +85,11 @@ def offline_errors(
         actions = episode["action"]
         n = len(actions)
         close = int(np.argmax(actions[:, 6] < close_width))
-        batch = {
-            key: np.stack([np.stack([episode[key][max(0, t + o)] for o in offsets]) for t in range(n)])
-            for key, offsets in policy.obs_offsets.items()
-        }
-        predicted = np.asarray(policy.predict_action_batch(batch, seed=index))
+        # Every frame's observation window, padded at the episode's start as in training.
+        windows = WindowSampler(store, policy.obs_offsets, ["action"], 1, episodes=[index]).sample_many(
+            range(n)
+        )
+        predicted = np.asarray(policy.predict_action_batch(windows["obs"], seed=index))
         for t in range(n):
             j = min(ahead, n - 1 - t)
             error = 1000 * float(np.linalg.norm(predicted[t, j, :2] - actions[t + j, :2]))

@@ -71,6 +71,7 @@ def offline_errors(policy: Any, store_path: str, every: int, ahead: int, last: i
     on where the base is), on the ``last`` frames before the touch (the episode's end) and on the
     others. Small here and large in rollouts means the policy drifts off its demonstrations' states;
     large here means it cannot fit them."""
+    from demoscale.datasets import WindowSampler
     from demoscale.datasets.store import EpisodeStore
     from demoscale.eval.tasks import get_task
     from demoscale.eval.wholebody.expert import ArmIK
@@ -82,11 +83,11 @@ def offline_errors(policy: Any, store_path: str, every: int, ahead: int, last: i
         episode = store.episode(index)
         actions = episode["action"]
         n = len(actions)
-        batch = {
-            key: np.stack([np.stack([episode[key][max(0, t + o)] for o in offsets]) for t in range(n)])
-            for key, offsets in policy.obs_offsets.items()
-        }
-        predicted = np.asarray(policy.predict_action_batch(batch, seed=index))
+        # Every frame's observation window, padded at the episode's start as in training.
+        windows = WindowSampler(store, policy.obs_offsets, ["action"], 1, episodes=[index]).sample_many(
+            range(n)
+        )
+        predicted = np.asarray(policy.predict_action_batch(windows["obs"], seed=index))
         meta = store.episodes.iloc[index]
         env = get_task("touch_shelf").make_env(int(meta["env_id"]), int(meta["object_id"]), render=False)
         try:

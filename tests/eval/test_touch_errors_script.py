@@ -37,7 +37,7 @@ def test_open_loop_errors_are_zero_for_the_demonstrations_and_not_for_a_policy(
     from touch_errors import offline_errors
 
     # The fixture observes 24-point clouds: collect with that many.
-    collect_sim("touch_shelf", 2, 2, 1, tmp_path / "raw", image_size=32, pairing="unique",
+    collect_sim("touch_shelf", 1, 1, 1, tmp_path / "raw", image_size=32, pairing="unique",
                 env_options={"n_points": 24}, progress=False)  # fmt: skip
     ingest_joylo(tmp_path / "raw", tmp_path / "store.zarr", progress=False)
     store_path = str(tmp_path / "store.zarr")
@@ -60,7 +60,7 @@ def test_open_loop_errors_are_zero_for_the_demonstrations_and_not_for_a_policy(
             return np.stack([actions[np.minimum(np.arange(t, t + self.horizon), n - 1)] for t in range(n)])
 
     replayed = offline_errors(Replay(), store_path, every=1, ahead=2)
-    assert replayed["episodes"] == 2 and replayed["ahead"] == 2
+    assert replayed["episodes"] == 1 and replayed["ahead"] == 2
     assert replayed["near_touch_hand_mm"] == 0.0 and replayed["elsewhere_hand_mm"] == 0.0
     untrained = offline_errors(fixture, store_path, every=1, ahead=0)
     assert untrained["near_touch_hand_mm"] > 5.0 and np.isfinite(untrained["elsewhere_hand_mm"])
