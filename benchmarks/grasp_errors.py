@@ -21,7 +21,7 @@ import statistics
 from typing import Any
 
 import numpy as np
-from report import add_json_option, checkpoint_label, emit_json
+from report import add_json_option, checkpoint_label, emit_json, open_loop_chunks
 
 
 def _grasp_yaw_error(env: Any, eef_rotvec: np.ndarray) -> float:
@@ -74,22 +74,14 @@ def offline_errors(
     steps into its chunk and the demonstration's, on the 8 frames before the demonstration closes the
     gripper and on the others. Small here and large in rollouts means the policy drifts off its
     demonstrations' states, not that it cannot fit them."""
-    from demoscale.datasets import WindowSampler
     from demoscale.datasets.store import EpisodeStore
 
     store = EpisodeStore.open(store_path)
     before_close: list[float] = []
     elsewhere: list[float] = []
-    for index in range(0, store.n_episodes, every):
-        episode = store.episode(index)
-        actions = episode["action"]
+    for _, actions, predicted in open_loop_chunks(policy, store, every):
         n = len(actions)
         close = int(np.argmax(actions[:, 6] < close_width))
-        # Every frame's observation window, padded at the episode's start as in training.
-        windows = WindowSampler(store, policy.obs_offsets, ["action"], 1, episodes=[index]).sample_many(
-            range(n)
-        )
-        predicted = np.asarray(policy.predict_action_batch(windows["obs"], seed=index))
         for t in range(n):
             j = min(ahead, n - 1 - t)
             error = 1000 * float(np.linalg.norm(predicted[t, j, :2] - actions[t + j, :2]))

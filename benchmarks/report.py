@@ -11,6 +11,7 @@ import argparse
 import json
 import os
 import platform
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -55,3 +56,17 @@ def checkpoint_label(name: str) -> str:
     if name == "expert" or len(path.parts) < 3:
         return name
     return f"{path.parent.parent.name}/{path.name}"
+
+
+def open_loop_chunks(policy: Any, store: Any, every: int) -> Iterator[tuple[int, Any, Any]]:
+    """For every ``every``-th episode of ``store`` (an ``EpisodeStore``): its index, its actions
+    (T, action_dim) and the chunk ``policy`` predicts at each of its frames (T, horizon, action_dim),
+    from the observation windows training used (padded at the episode's start the same way)."""
+    import numpy as np
+    from demoscale.datasets import WindowSampler
+
+    for index in range(0, store.n_episodes, every):
+        actions = store.episode(index)["action"]
+        sampler = WindowSampler(store, policy.obs_offsets, ["action"], 1, episodes=[index])
+        windows = sampler.sample_many(range(len(actions)))
+        yield index, actions, np.asarray(policy.predict_action_batch(windows["obs"], seed=index))

@@ -23,7 +23,7 @@ import statistics
 from typing import Any
 
 import numpy as np
-from report import add_json_option, checkpoint_label, emit_json
+from report import add_json_option, checkpoint_label, emit_json, open_loop_chunks
 
 
 def rollout(actor: Any, definition: Any, env_id: int, object_id: int, seed: int) -> dict[str, Any]:
@@ -71,7 +71,6 @@ def offline_errors(policy: Any, store_path: str, every: int, ahead: int, last: i
     on where the base is), on the ``last`` frames before the touch (the episode's end) and on the
     others. Small here and large in rollouts means the policy drifts off its demonstrations' states;
     large here means it cannot fit them."""
-    from demoscale.datasets import WindowSampler
     from demoscale.datasets.store import EpisodeStore
     from demoscale.eval.tasks import get_task
     from demoscale.eval.wholebody.expert import ArmIK
@@ -79,15 +78,8 @@ def offline_errors(policy: Any, store_path: str, every: int, ahead: int, last: i
     store = EpisodeStore.open(store_path)
     near_touch: list[float] = []
     elsewhere: list[float] = []
-    for index in range(0, store.n_episodes, every):
-        episode = store.episode(index)
-        actions = episode["action"]
+    for index, actions, predicted in open_loop_chunks(policy, store, every):
         n = len(actions)
-        # Every frame's observation window, padded at the episode's start as in training.
-        windows = WindowSampler(store, policy.obs_offsets, ["action"], 1, episodes=[index]).sample_many(
-            range(n)
-        )
-        predicted = np.asarray(policy.predict_action_batch(windows["obs"], seed=index))
         meta = store.episodes.iloc[index]
         env = get_task("touch_shelf").make_env(int(meta["env_id"]), int(meta["object_id"]), render=False)
         try:
