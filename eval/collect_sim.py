@@ -10,12 +10,15 @@ new episode seed, up to ``max_attempts_per_demo`` times per demo); ``keep_failed
 attempted episode instead.
 
 ``action_noise`` > 0 injects noise into the demonstrations, as DART does (Laskey et al., 2017): the
-robot executes the expert's command plus Gaussian noise of that standard deviation (in action units,
-every dimension), and the expert, which reads the simulator's state, corrects from wherever the
-noise left it. A policy trained on such demos has seen states off the expert's path and the way
-back, which is what its own small errors lead it into in closed loop. A format that records the
-commands (JoyLo) keeps the expert's clean command as the label; one whose actions are the next
-recorded pose (UMI) labels the executed, noisy motion, corrections included.
+robot executes the expert's command plus Gaussian noise (in action units; one standard deviation for
+every dimension, or one per dimension). A policy trained on such demos has seen states off the
+expert's path and the way back, which is what its own small errors lead it into in closed loop.
+How far off depends on the expert: one that reads the simulator's state (the whole-body experts'
+base driving) corrects from wherever the noise left it, so errors can build up before they are
+corrected; one that follows its own planned path of absolute targets (the tabletop experts, the
+whole-body joints) is put back on the path by its next command, so the demos stay within one noise
+draw of it. A format that records the commands (JoyLo) keeps the expert's clean command as the
+label; one whose actions are the next recorded pose (UMI) labels the executed, noisy motion.
 """
 
 from __future__ import annotations

@@ -50,8 +50,7 @@ def build_parser() -> argparse.ArgumentParser:
         default=[0.0],
         metavar="STD",
         help="standard deviation (action units; one value, or one per action dimension) of Gaussian "
-        "noise added to every executed expert command, DART-style: the expert corrects, the JoyLo "
-        "label stays its command",
+        "noise added to every executed expert command, DART-style (the JoyLo label stays its command)",
     )
     sim.add_argument("--json", action="store_true", help="print the summary as JSON")
     return parser
