@@ -1,12 +1,15 @@
 """One checkpoint, rolled out with different execution settings: how many actions of each predicted
-chunk are executed before the policy is asked again (``n_action_steps``) and how many denoising
-steps it takes, on one or more sets of initial states (evaluation seeds).
+chunk are executed before the policy is asked again (``n_action_steps``), how many control steps
+pass between an observation and the first action of its chunk (``inference_delay``, a robot that
+keeps moving while the policy computes) and how many denoising steps it takes, on one or more sets
+of initial states (evaluation seeds).
 
     python benchmarks/execution_horizon.py CHECKPOINT --task pusht --n-action-steps 8 4 --seeds 0 1 2
+    python benchmarks/execution_horizon.py CHECKPOINT --n-action-steps 4 --inference-delays 0 2 4
     python benchmarks/execution_horizon.py ... --record docs/results/NAME --policy "what it is"
 
 Training is untouched: these are inference settings of the saved policy (``load_policy``'s
-``num_inference_steps``, ``Policy.n_action_steps``). A table on screen, JSON to
+``num_inference_steps``, ``Policy.n_action_steps``, ``Policy.inference_delay``). A table on screen, JSON to
 ``benchmarks/results/execution_horizon.json`` (``--json PATH`` to choose). ``--record DIR`` also
 writes a results record: every rollout (``rollouts.csv``), ``summary.json`` whose ``headline`` rows
 pool each setting's seeds (Wilson interval for success, the evaluator's for the other metrics),
@@ -22,6 +25,7 @@ import shlex
 import subprocess
 import sys
 import time
+from itertools import product
 from pathlib import Path
 from typing import Any
 
@@ -31,7 +35,10 @@ ROOT = Path(__file__).resolve().parents[1]
 
 
 def _setting(row: dict[str, Any]) -> str:
-    return f"{row['n_action_steps']} executed, {row['inference_steps']} denoising steps"
+    return (
+        f"{row['n_action_steps']} executed, delay {row['inference_delay']}, "
+        f"{row['inference_steps']} denoising steps"
+    )
 
 
 def write_record(
@@ -49,14 +56,15 @@ def write_record(
     rollouts.to_csv(out / "rollouts.csv", index=False)
     metrics = [m for m in ("max_coverage", "score") if m in rollouts.columns]
     headline, pooled = [], []
-    for (n_action, n_inference), group in rollouts.groupby(["n_action_steps", "inference_steps"], sort=False):
+    settings = ["n_action_steps", "inference_delay", "inference_steps"]
+    for (n_action, delay, n_inference), group in rollouts.groupby(settings, sort=False):
         successes, n = int(group["success"].sum()), len(group)
         low, high = wilson_interval(successes, n)
-        entry = {"n_action_steps": int(n_action), "inference_steps": int(n_inference), "n_rollouts": n,
+        entry = {"n_action_steps": int(n_action), "inference_delay": int(delay), "inference_steps": int(n_inference), "n_rollouts": n,
                  "seeds": sorted(int(s) for s in group["eval_seed"].unique()),
                  "success_rate": successes / n, "success_ci": [low, high]}  # fmt: skip
-        base = {"task": args.task, "policy": f"{args.policy}; {n_action} actions executed per chunk, {n_inference} "
-                "denoising steps", "split": args.split, "n_rollouts": n, "train_minutes": args.train_minutes}  # fmt: skip
+        base = {"task": args.task, "policy": f"{args.policy}; {n_action} actions executed per chunk, delay {delay}, "
+                f"{n_inference} denoising steps", "split": args.split, "n_rollouts": n, "train_minutes": args.train_minutes}  # fmt: skip
         headline.append(
             {**base, "metric": "success_rate", "value": successes / n, "ci_low": low, "ci_high": high}
         )
@@ -80,7 +88,7 @@ def write_record(
     (out / "summary.json").write_text(json.dumps(summary, indent=1, default=float) + "\n")
 
     fig, axes = plt.subplots(1, 1 + len(metrics[:1]), figsize=(10, 4), squeeze=False)
-    labels = [f"{p['n_action_steps']} / {p['inference_steps']}" for p in pooled]
+    labels = [f"{p['n_action_steps']} / {p['inference_delay']} / {p['inference_steps']}" for p in pooled]
     for ax, (name, key) in zip(axes[0], [("success rate", "success_rate"), ("mean max coverage", "mean_max_coverage")], strict=False):  # fmt: skip
         if key not in pooled[0]:
             continue
@@ -90,7 +98,7 @@ def write_record(
         ax.bar(labels, values, yerr=errors, capsize=4, color="#4c72b0")
         ax.set_ylim(0, 1)
         ax.set_title(f"{name} (90% interval, {pooled[0]['n_rollouts']} rollouts each)")
-        ax.set_xlabel("actions executed per chunk / denoising steps")
+        ax.set_xlabel("actions executed per chunk / inference delay / denoising steps")
     fig.tight_layout()
     fig.savefig(out / "figure.png", dpi=110)
     plt.close(fig)
@@ -99,11 +107,11 @@ def write_record(
              "```bash", command, "```", "",
              f"Commit `{commit}`; {summary['machine']['cpus']} CPUs, {args.threads} torch thread(s); evaluation "
              f"{minutes:.1f} min (no training: checkpoint `{args.checkpoint}`).", "", "![figure](figure.png)", "",
-             "| executed / denoising steps | rollouts (seeds) | success | mean max coverage |", "| --- | --- | --- | --- |"]  # fmt: skip
+             "| executed / delay / denoising steps | rollouts (seeds) | success | mean max coverage |", "| --- | --- | --- | --- |"]  # fmt: skip
     for p in pooled:
         coverage = p.get("mean_max_coverage")
         cell = f"{coverage:.3f} [{p['mean_max_coverage_ci'][0]:.3f}, {p['mean_max_coverage_ci'][1]:.3f}]" if coverage is not None else ""  # fmt: skip
-        lines.append(f"| {p['n_action_steps']} / {p['inference_steps']} | {p['n_rollouts']} ({', '.join(map(str, p['seeds']))}) "
+        lines.append(f"| {p['n_action_steps']} / {p['inference_delay']} / {p['inference_steps']} | {p['n_rollouts']} ({', '.join(map(str, p['seeds']))}) "
                      f"| {p['success_rate']:.2f} [{p['success_ci'][0]:.2f}, {p['success_ci'][1]:.2f}] | {cell} |")  # fmt: skip
     lines += ["", "Per seed:", "", "| " + " | ".join(rows[0]) + " |", "|" + " --- |" * len(rows[0])]
     lines += ["| " + " | ".join(str(v) for v in row.values()) + " |" for row in rows]
@@ -116,6 +124,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("checkpoint")
     parser.add_argument("--task", default=None, help="default: the task the checkpoint's data recorded")
     parser.add_argument("--n-action-steps", type=int, nargs="+", default=[8, 4])
+    parser.add_argument(
+        "--inference-delays", type=int, nargs="+", default=[0],
+        help="control steps between an observation and the first action of its chunk (0: none)",
+    )  # fmt: skip
     parser.add_argument("--inference-steps", type=int, nargs="+", default=[None])
     parser.add_argument("--seeds", type=int, nargs="+", default=[0], help="evaluation seeds")
     parser.add_argument("--envs", type=int, default=None, help="initial states (default: the task's)")
@@ -139,53 +151,63 @@ def main(argv: list[str] | None = None) -> int:
     import torch
     from demoscale.eval import evaluate
     from demoscale.policies import load_policy
+    from demoscale.policies.base import check_execution
 
     torch.set_num_threads(args.threads)
     started = time.perf_counter()
     rows, frames = [], []
-    for inference_steps in args.inference_steps:
-        for n_action_steps in args.n_action_steps:
-            for seed in args.seeds:
-                policy = load_policy(args.checkpoint, num_inference_steps=inference_steps)
-                if not 1 <= n_action_steps <= policy.horizon:
-                    raise SystemExit(f"--n-action-steps {n_action_steps}: the chunk has {policy.horizon}")
-                policy.n_action_steps = n_action_steps
-                result = evaluate(
-                    policy,
-                    task=args.task,
-                    split=args.split,
-                    n_envs=args.envs,
-                    n_objects=args.objects,
-                    pairing=args.pairing,
-                    episodes=args.episodes,
-                    env_options={"cameras": args.cameras} if args.cameras else None,
-                    seed=seed,
-                    batch_size=50,
-                    video_episodes=0,
-                    progress=False,
-                )
-                summary = result.summary
-                args.task = args.task or summary["task"]
-                row = {
-                    "n_action_steps": n_action_steps,
-                    "inference_steps": policy.num_inference_steps,
-                    "seed": seed,
-                    "rollouts": summary["episodes"],
-                    "success": round(summary["success_rate"], 3),
-                    "success_ci": f"[{summary['success_ci_low']:.2f}, {summary['success_ci_high']:.2f}]",
-                    "score": round(summary["score"], 3),
-                }
-                if "mean_max_coverage" in summary:
-                    row["mean_max_coverage"] = round(summary["mean_max_coverage"], 3)
-                rows.append(row)
-                frames.append(
-                    result.rollouts.assign(
-                        n_action_steps=n_action_steps,
-                        inference_steps=policy.num_inference_steps,
-                        eval_seed=seed,
-                    )
-                )
-                print("  ".join(f"{key} {value}" for key, value in row.items()), flush=True)
+    # Every combination that fits the chunk, checked before anything runs; the others are said and skipped.
+    horizon = load_policy(args.checkpoint).horizon
+    settings = []
+    for setting in product(args.inference_steps, args.n_action_steps, args.inference_delays, args.seeds):
+        try:
+            check_execution(horizon, setting[1], setting[2])
+            settings.append(setting)
+        except ValueError as error:
+            print(f"skipped: {setting[1]} executed with delay {setting[2]}: {error}", flush=True)
+    if not settings:
+        raise SystemExit("no setting fits the chunk (see above)")
+    for inference_steps, n_action_steps, inference_delay, seed in settings:
+        policy = load_policy(args.checkpoint, num_inference_steps=inference_steps)
+        policy.n_action_steps, policy.inference_delay = n_action_steps, inference_delay
+        result = evaluate(
+            policy,
+            task=args.task,
+            split=args.split,
+            n_envs=args.envs,
+            n_objects=args.objects,
+            pairing=args.pairing,
+            episodes=args.episodes,
+            env_options={"cameras": args.cameras} if args.cameras else None,
+            seed=seed,
+            batch_size=50,
+            video_episodes=0,
+            progress=False,
+        )
+        summary = result.summary
+        args.task = args.task or summary["task"]
+        row = {
+            "n_action_steps": n_action_steps,
+            "inference_delay": inference_delay,
+            "inference_steps": policy.num_inference_steps,
+            "seed": seed,
+            "rollouts": summary["episodes"],
+            "success": round(summary["success_rate"], 3),
+            "success_ci": f"[{summary['success_ci_low']:.2f}, {summary['success_ci_high']:.2f}]",
+            "score": round(summary["score"], 3),
+        }
+        if "mean_max_coverage" in summary:
+            row["mean_max_coverage"] = round(summary["mean_max_coverage"], 3)
+        rows.append(row)
+        frames.append(
+            result.rollouts.assign(
+                n_action_steps=n_action_steps,
+                inference_delay=inference_delay,
+                inference_steps=policy.num_inference_steps,
+                eval_seed=seed,
+            )
+        )
+        print("  ".join(f"{key} {value}" for key, value in row.items()), flush=True)
     minutes = (time.perf_counter() - started) / 60
     columns = list(rows[0])
     print("\n| " + " | ".join(columns) + " |\n|" + " --- |" * len(columns))

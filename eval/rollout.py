@@ -144,19 +144,31 @@ class ExpertActor:
 
 
 class PolicyActor:
-    """A learned policy: batched windows in, chunks of absolute actions out."""
+    """A learned policy: batched windows in, chunks of absolute actions out.
+
+    With the policy's ``inference_delay`` d > 0, the rollout simulates a robot that keeps moving
+    while the next chunk is computed: each chunk is acted on from its action d, at step t + d for an
+    observation at step t, and until then the previous chunk's actions [n, n + d) run (n =
+    ``n_action_steps``). The first chunk of a rollout runs from its action 0 (the robot waits for it).
+    """
 
     def __init__(self, policy, name: str) -> None:
         self.policy = policy
         self.name = name
         self.n_action_steps = max(1, int(getattr(policy, "n_action_steps", 1)))
+        self.inference_delay = int(getattr(policy, "inference_delay", 0))
+        if self.inference_delay:
+            from demoscale.policies.base import check_execution
+
+            check_execution(int(policy.horizon), self.n_action_steps, self.inference_delay)
+        self.previous: dict[int, np.ndarray | None] = {}  # slot -> its last chunk (for the delay)
         self.obs_offsets = {k: [int(o) for o in v] for k, v in policy.obs_offsets.items()}
         bad = {k: v for k, v in self.obs_offsets.items() if any(o > 0 for o in v)}
         if bad:
             raise SpecMismatchError(f"observation offsets must be <= 0 (past frames) for rollouts, got {bad}")
 
     def start(self, slot: int, env, seed: int) -> None:
-        pass
+        self.previous[slot] = None
 
     def window(self, history: Sequence[Mapping[str, np.ndarray]]) -> dict[str, np.ndarray]:
         """The policy's observation window at the end of ``history`` (frames before the first
@@ -174,7 +186,16 @@ class PolicyActor:
             actions = np.asarray(self.policy.predict_action_batch(batch, seed=seed))
         else:
             actions = np.stack([np.asarray(self.policy.predict_action(w)) for w in windows])
-        return [a[: self.n_action_steps] for a in actions]
+        n, delay = self.n_action_steps, self.inference_delay
+        if not delay:
+            return [a[:n] for a in actions]
+        out = []
+        for slot, chunk in zip(slots, actions, strict=True):
+            previous, self.previous[slot] = self.previous.get(slot), chunk
+            out.append(
+                chunk[:n] if previous is None else np.concatenate([previous[n : n + delay], chunk[delay:n]])
+            )
+        return out
 
 
 def actor_for(policy: Any, device: str = "cpu") -> ExpertActor | PolicyActor:

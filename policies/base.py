@@ -44,7 +44,9 @@ class PolicyConfig(Protocol):
         horizon: actions per predicted chunk.
         n_action_steps: actions of a chunk executed before the policy is asked again.
 
-    Optional: ``num_inference_steps`` (the default of iterative samplers, overridable at load time),
+    Optional: ``inference_delay`` (control steps a chunk's computation takes on the robot, simulated in
+    rollouts; see :func:`check_execution`; absent = 0), ``num_inference_steps`` (the default of
+    iterative samplers, overridable at load time),
     ``waypoint_keys`` (keys of the next-waypoint frame the training samples must carry; empty or
     absent = none), ``validate()`` (raise ValueError on settings that cannot work; called when the
     LightningModule is built, before any data is read).
@@ -121,6 +123,25 @@ class PolicyNetworkBase(nn.Module):
 
 CONFIG_MEMBERS = ("obs_offsets", "action_keys", "horizon", "n_action_steps")
 NETWORK_MEMBERS = ("config", "action_dim", "compute_losses", "encode", "act_from_condition")
+
+
+def check_execution(horizon: int, n_action_steps: int, inference_delay: int = 0) -> None:
+    """Raise ValueError unless a chunk of ``horizon`` actions can be executed ``n_action_steps`` at a
+    time with ``inference_delay``.
+
+    With a delay d, a chunk predicted from the observation at step t is first acted on at step t + d,
+    from its action d (time-aligned, as on a robot that keeps moving while the policy computes):
+    actions [d, n) of each chunk run, then its actions [n, n + d) while the next one is computed. So
+    d <= n and n + d <= horizon. d = 0 is the usual receding-horizon execution.
+    """
+    if not 1 <= n_action_steps <= horizon:
+        raise ValueError(f"n_action_steps {n_action_steps} must be in 1..horizon={horizon}")
+    if not 0 <= inference_delay <= n_action_steps or n_action_steps + inference_delay > horizon:
+        raise ValueError(
+            f"inference_delay {inference_delay} must be in 0..n_action_steps={n_action_steps} with "
+            f"n_action_steps + inference_delay <= horizon={horizon}: the previous chunk must cover the "
+            "steps while the next one is computed"
+        )
 
 
 def check_network(network: Any, family: str) -> None:

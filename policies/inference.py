@@ -23,6 +23,10 @@ class Policy:
         action_keys: store keys concatenated into the action vector.
         horizon: actions per predicted chunk.
         n_action_steps: how many actions of a chunk to execute before asking again.
+        inference_delay: control steps between the observation a chunk is predicted from and its
+            first executed action in rollouts (0: none; see
+            :func:`~demoscale.policies.base.check_execution`). Like ``n_action_steps``, the saved
+            config's value, which a caller may change before a rollout.
         family: the policy family of the checkpoint.
     """
 
@@ -38,6 +42,7 @@ class Policy:
         self.action_keys = list(config.action_keys)
         self.horizon = int(config.horizon)
         self.n_action_steps = int(config.n_action_steps)
+        self.inference_delay = int(getattr(config, "inference_delay", 0))  # older checkpoints: none
         default_steps = getattr(config, "num_inference_steps", None)  # only iterative samplers have one
         self.num_inference_steps = num_inference_steps or (int(default_steps) if default_steps else None)
         self.action_dim = int(network.action_dim)

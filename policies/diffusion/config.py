@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Literal
 
+from demoscale.policies.base import check_execution
 from demoscale.policies.encoders import ImageEncoderConfig, LowDimEncoderConfig
 
 
@@ -19,6 +20,8 @@ class DiffusionConfig:
         horizon: length of the predicted action chunk (with the U-Net, a multiple of
             ``2 ** (len(down_dims) - 1)``).
         n_action_steps: actions of a chunk executed before the policy is queried again.
+        inference_delay: control steps between the observation a chunk is predicted from and its
+            first executed action, in rollouts (:func:`demoscale.policies.base.check_execution`).
         action_representation: ``absolute`` (the store's units) or ``relative`` (UMI-style: each
             action's pose relative to the latest observed end-effector pose, as pos + 6-D rotation
             + gripper; needs the [pos(3), axis_angle(3), gripper(1)]-per-robot action layout).
@@ -60,6 +63,7 @@ class DiffusionConfig:
     action_keys: list[str] = field(default_factory=lambda: ["action"])
     horizon: int = 16
     n_action_steps: int = 8
+    inference_delay: int = 0
     action_representation: Literal["absolute", "relative"] = "absolute"
     pose_keys: list[list[str]] | None = None
     relative_obs: bool = True
@@ -111,8 +115,7 @@ class DiffusionConfig:
             raise ValueError(
                 f"horizon {self.horizon} must be a positive multiple of {multiple} for down_dims {self.down_dims}"
             )
-        if not 1 <= self.n_action_steps <= self.horizon:
-            raise ValueError(f"n_action_steps {self.n_action_steps} must be in [1, horizon={self.horizon}]")
+        check_execution(self.horizon, self.n_action_steps, self.inference_delay)
         if self.num_inference_steps > self.num_train_timesteps:
             raise ValueError(
                 f"num_inference_steps {self.num_inference_steps} exceeds num_train_timesteps {self.num_train_timesteps}"

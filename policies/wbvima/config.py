@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from ..base import check_execution
 from ..encoders import ImageEncoderConfig, PointCloudEncoderConfig
 
 
@@ -58,6 +59,8 @@ class WBVIMAConfig:
         action_key: the store's whole-body action key; the chain's dims must add up to its size.
         obs_window: number of observed frames (offsets ``-(obs_window-1) .. 0``).
         horizon: action chunk length; n_action_steps: how many of them are executed per prediction.
+        inference_delay: control steps between the observation a chunk is predicted from and its
+            first executed action, in rollouts (:func:`demoscale.policies.base.check_execution`).
         proprio_key: the proprioception key (None: no proprioception token).
         proprio_hidden_dims: MLP of the proprioception encoder.
         proprio_noise_std: standard deviation of Gaussian noise added to the normalised ([-1, 1])
@@ -85,6 +88,7 @@ class WBVIMAConfig:
     obs_window: int = 2
     horizon: int = 8
     n_action_steps: int = 8
+    inference_delay: int = 0
     proprio_key: str | None = "proprio"
     proprio_hidden_dims: list[int] = field(default_factory=lambda: [256, 256])
     proprio_noise_std: float = 0.0
@@ -128,10 +132,7 @@ class WBVIMAConfig:
             raise ValueError("proprio_noise_std and hidden_proprio_dims need a proprio_key")
         if self.obs_window < 1:
             raise ValueError(f"obs_window must be >= 1, got {self.obs_window}")
-        if not 1 <= self.n_action_steps <= self.horizon:
-            raise ValueError(
-                f"n_action_steps must be in 1..horizon={self.horizon}, got {self.n_action_steps}"
-            )
+        check_execution(self.horizon, self.n_action_steps, self.inference_delay)
 
     @property
     def action_keys(self) -> list[str]:

@@ -239,3 +239,79 @@ def test_sequential_evaluation_runs_the_prefix_the_rule_chooses() -> None:
     n = sequential_stop(full.rollouts["score"].tolist(), 0.25, 4, 4)
     assert n < 16 and len(stopped.rollouts) == n and stopped.summary["episodes_planned"] == 16
     pd.testing.assert_frame_equal(stopped.rollouts, full.rollouts.iloc[:n].reset_index(drop=True))
+
+
+class CountingPolicy:
+    """A policy stand-in whose chunk k holds (k, index) at each index, to show which actions run."""
+
+    def __init__(self, n_action_steps: int, inference_delay: int, horizon: int = 8) -> None:
+        self.obs_offsets = {"state": [0]}
+        self.horizon, self.n_action_steps, self.inference_delay = horizon, n_action_steps, inference_delay
+        self.calls = 0
+
+    def predict_action_batch(self, windows, seed=None) -> np.ndarray:
+        chunk = np.stack([np.full(self.horizon, self.calls), np.arange(self.horizon)], axis=1)
+        self.calls += 1
+        return np.repeat(chunk[None], len(windows["state"]), axis=0)
+
+
+def _executed(policy: CountingPolicy, steps: int) -> list[tuple[int, int]]:
+    """(chunk, index) of each executed action over ``steps`` control steps of one rollout."""
+    from demoscale.eval.rollout import PolicyActor
+
+    actor = PolicyActor(policy, "counting")
+    actor.start(0, None, 0)
+    history = {0: [{"state": np.zeros(2)}]}
+    executed: list[tuple[int, int]] = []
+    while len(executed) < steps:
+        executed += [(int(a[0]), int(a[1])) for a in actor.chunks([0], history, seed=0)[0]]
+    return executed[:steps]
+
+
+def test_inference_delay_acts_on_each_chunk_from_the_step_it_arrives() -> None:
+    # No delay: chunk k's first n actions, at steps k*n .. k*n + n - 1.
+    assert _executed(CountingPolicy(4, 0), 8) == [
+        (0, 0),
+        (0, 1),
+        (0, 2),
+        (0, 3),
+        (1, 0),
+        (1, 1),
+        (1, 2),
+        (1, 3),
+    ]
+    # Delay 3: chunk k (observed at step 4k) acts from step 4k + 3 at its index 3; the previous chunk
+    # runs on meanwhile, time-aligned (its indices 4-6 at steps 4k .. 4k + 2); the first chunk, for
+    # which the robot waits, from index 0.
+    assert _executed(CountingPolicy(4, 3), 12) == [
+        (0, 0), (0, 1), (0, 2), (0, 3),
+        (0, 4), (0, 5), (0, 6), (1, 3),
+        (1, 4), (1, 5), (1, 6), (2, 3),
+    ]  # fmt: skip
+    # A delay as long as the executed part: the robot only ever acts on the previous chunk.
+    assert _executed(CountingPolicy(4, 4), 12)[4:] == [
+        (0, 4),
+        (0, 5),
+        (0, 6),
+        (0, 7),
+        (1, 4),
+        (1, 5),
+        (1, 6),
+        (1, 7),
+    ]
+    # A new rollout in the slot starts again from index 0 of its first chunk.
+    policy = CountingPolicy(4, 2)
+    _executed(policy, 8)
+    assert _executed(policy, 4) == [(2, 0), (2, 1), (2, 2), (2, 3)]
+
+
+def test_inference_delay_must_fit_in_the_chunk() -> None:
+    from demoscale.eval.rollout import PolicyActor
+    from demoscale.policies.diffusion.config import DiffusionConfig
+
+    with pytest.raises(ValueError, match="inference_delay 5 must be in 0..n_action_steps=4"):
+        PolicyActor(CountingPolicy(4, 5), "counting")
+    with pytest.raises(ValueError, match="n_action_steps \\+ inference_delay <= horizon=8"):
+        PolicyActor(CountingPolicy(6, 3), "counting")
+    with pytest.raises(ValueError, match="inference_delay"):
+        DiffusionConfig(horizon=16, n_action_steps=8, inference_delay=9).validate()
