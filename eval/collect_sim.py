@@ -19,6 +19,10 @@ corrected; one that follows its own planned path of absolute targets (the tablet
 whole-body joints) is put back on the path by its next command, so the demos stay within one noise
 draw of it. A format that records the commands (JoyLo) keeps the expert's clean command as the
 label; one whose actions are the next recorded pose (UMI) labels the executed, noisy motion.
+``noise_phases`` injects the noise only while the expert is in one of the named phases (its
+``phase`` attribute: the whole-body experts' ``drive``, ``reach``, ``gripper``, ``hold``, ``tuck``;
+the tabletop experts' ``approach``, ``push``, ``close``, ...), e.g. off the path while the base
+drives and on it while the hand touches.
 """
 
 from __future__ import annotations
@@ -68,7 +72,7 @@ class CollectResult:
 
 
 def run_expert_episode(
-    env, seed: int, action_noise: float | Sequence[float] = 0.0
+    env, seed: int, action_noise: float | Sequence[float] = 0.0, noise_phases: Sequence[str] | None = None
 ) -> tuple[dict[str, np.ndarray], bool]:
     """Run the scripted expert for one episode; returns (time-major observations + ``action``, success).
 
@@ -76,9 +80,12 @@ def run_expert_episode(
     actions are returned under ``action`` (the last frame repeats the last command). With
     ``action_noise`` > 0 (one standard deviation for every action dimension, or one per dimension)
     the environment executes each command plus Gaussian noise (drawn from ``seed``), and ``action``
-    still holds the commands (see the module docstring).
+    still holds the commands (see the module docstring). ``noise_phases`` restricts the noise to the
+    steps whose action the expert made in one of these phases (its ``phase`` attribute, e.g. the
+    whole-body experts' ``"drive"``); experts without one raise ValueError.
     """
     scale = noise_scale(action_noise)
+    phases = None if noise_phases is None else set(noise_phases)
     noise = np.random.default_rng([int(seed), 0x0DA127])
     obs = env.reset(seed)
     expert = env.expert(seed)
@@ -86,7 +93,12 @@ def run_expert_episode(
     actions = []
     for _ in range(env.max_steps):
         action = expert.act(obs)
-        if scale is None:
+        if phases is not None and not hasattr(expert, "phase"):
+            raise ValueError(
+                f"noise_phases {sorted(phases)} needs an expert that reports its phase; "
+                f"{type(expert).__name__} does not (the whole-body experts do)"
+            )
+        if scale is None or (phases is not None and expert.phase not in phases):
             executed = action
         elif scale.size not in (1, np.size(action)):
             raise ValueError(
@@ -131,9 +143,10 @@ def collect_pair(
     max_attempts_per_demo: int = 3,
     env_options: dict | None = None,
     action_noise: float | Sequence[float] = 0.0,
+    noise_phases: Sequence[str] | None = None,
 ) -> PairResult:
     """Collect ``demos`` demonstrations of one pair and write them in the task's raw format
-    (``action_noise``: see the module docstring)."""
+    (``action_noise``, ``noise_phases``: see the module docstring and :func:`run_expert_episode`)."""
     definition = get_task(task)
     env = definition.make_env(env_id, object_id, image_size=image_size, **(env_options or {}))
     episodes, attempts, successes = [], 0, 0
@@ -143,7 +156,7 @@ def collect_pair(
     try:
         while len(episodes) < demos and attempts < demos * max_attempts_per_demo:
             episode, success = run_expert_episode(
-                env, _pair_seed(seed, env_id, object_id, attempts), action_noise
+                env, _pair_seed(seed, env_id, object_id, attempts), action_noise, noise_phases
             )
             attempts += 1
             successes += success
@@ -193,6 +206,7 @@ def collect_sim(
     progress: bool = True,
     pairing: str = "grid",
     action_noise: float | Sequence[float] = 0.0,
+    noise_phases: Sequence[str] | None = None,
 ) -> CollectResult:
     """Collect scripted demos on the first ``n_envs`` x ``n_objects`` ids of ``split``.
 
@@ -203,7 +217,8 @@ def collect_sim(
     ``pairing="grid"`` collects every environment x object pair; ``pairing="unique"`` gives each
     environment its own object (pair k = environment k, object k; needs ``n_envs == n_objects``),
     the data-scaling-laws study's recommended layout. ``action_noise`` > 0 perturbs every executed
-    expert command by Gaussian noise of that standard deviation (DART; see the module docstring).
+    expert command by Gaussian noise of that standard deviation (DART; see the module docstring),
+    in every step or, with ``noise_phases``, only while the expert is in one of those phases.
     """
     from tqdm.auto import tqdm
 
@@ -230,6 +245,7 @@ def collect_sim(
             keep_failed=keep_failed,
             env_options=env_options,
             action_noise=action_noise,
+            noise_phases=list(noise_phases) if noise_phases is not None else None,
         )
         for e, o in pairs
     ]

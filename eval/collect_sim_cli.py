@@ -52,6 +52,14 @@ def build_parser() -> argparse.ArgumentParser:
         help="standard deviation (action units; one value, or one per action dimension) of Gaussian "
         "noise added to every executed expert command, DART-style (the JoyLo label stays its command)",
     )
+    sim.add_argument(
+        "--noise-phases",
+        nargs="+",
+        default=None,
+        metavar="PHASE",
+        help="inject the action noise only while the expert is in these phases (whole-body experts: "
+        "drive, reach, gripper, hold, tuck); default: every step",
+    )
     sim.add_argument("--json", action="store_true", help="print the summary as JSON")
     return parser
 
@@ -76,6 +84,7 @@ def main(argv: list[str]) -> int:
             env_options=options,
             pairing=args.pairing,
             action_noise=args.action_noise[0] if len(args.action_noise) == 1 else args.action_noise,
+            noise_phases=args.noise_phases,
         )
     except (UnknownTaskError, IdRangeError, ValueError) as error:
         print(f"demoscale collect sim: error: {error}", file=sys.stderr)

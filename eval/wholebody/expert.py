@@ -119,6 +119,10 @@ class FetchShelfExpert:
         self.ik = ArmIK(env, ARM)
         self.action = env.last_action.copy()
         self.done = False  # True once the object is placed and the arm tucked again
+        # What the script is doing at the action act() returned last: "drive" (the base moves
+        # towards a goal by its measured pose), "reach", "gripper", "hold" or "tuck". Collection
+        # can inject noise in some phases only (collect_sim's noise_phases).
+        self.phase = "start"
         self._script = self._run()
 
     # ----------------------------------------------------------------- interface
@@ -136,6 +140,7 @@ class FetchShelfExpert:
         return np.array([lift, self.lean, -self.lean, 0.0])
 
     def _hold(self, steps: int) -> Iterator[np.ndarray]:
+        self.phase = "hold"
         self.action[:3] = 0.0
         for _ in range(steps):
             yield self.action
@@ -155,6 +160,7 @@ class FetchShelfExpert:
         self, goal: np.ndarray, torso_goal: np.ndarray | None = None, timeout_s: float = 20.0
     ) -> Iterator[np.ndarray]:
         """Drive the base to ``goal`` = (x, y, yaw) in the world, moving the torso on the way."""
+        self.phase = "drive"
         command = np.zeros(3)
         for _ in range(int(timeout_s * 10)):
             x, y, yaw = self.env.base_pose()
@@ -180,6 +186,7 @@ class FetchShelfExpert:
         self, position: np.ndarray, yaw: float, seconds: float, torso_goal: np.ndarray | None = None
     ) -> Iterator[np.ndarray]:
         """Move the grasp point along a minimum-jerk line to ``position``, gripper pointing along ``yaw``."""
+        self.phase = "reach"
         self.action[:3] = 0.0
         torso = self.action[3:7]
         start, _ = self.ik.forward(torso, self.action[ARM_SLICE])
@@ -193,6 +200,7 @@ class FetchShelfExpert:
             yield self.action
 
     def _gripper(self, opening_mm: float, seconds: float) -> Iterator[np.ndarray]:
+        self.phase = "gripper"
         self.action[:3] = 0.0
         start = self.action[GRIPPER_INDEX]
         steps = self._steps(seconds)
@@ -201,6 +209,7 @@ class FetchShelfExpert:
             yield self.action
 
     def _tuck(self, seconds: float) -> Iterator[np.ndarray]:
+        self.phase = "tuck"
         start = self.action[ARM_SLICE].copy()
         steps = self._steps(seconds)
         for i in range(1, steps + 1):

@@ -121,3 +121,31 @@ def test_action_noise_perturbs_the_executed_motion(tmp_path, capsys) -> None:
         collect_sim("reach", 1, 1, 1, tmp_path / "bad", progress=False, action_noise=-0.01)
     with pytest.raises(ValueError, match="reach actions have 7 dimensions"):
         collect_sim("reach", 1, 1, 1, tmp_path / "bad", progress=False, action_noise=[0.01, 0.01])
+
+
+def test_noise_phases_need_an_expert_that_reports_its_phase() -> None:
+    from demoscale.eval.collect_sim import run_expert_episode
+
+    class Expert:  # acts, reports no phase (as PushT's replay of human episodes)
+        def act(self, obs):
+            return np.zeros(2)
+
+    class Env:
+        max_steps = 3
+
+        def reset(self, seed):
+            return {"state": np.zeros(2)}
+
+        def expert(self, seed):
+            return Expert()
+
+        def step(self, action):
+            return {"state": np.asarray(action)}
+
+        def success(self):
+            return False
+
+    with pytest.raises(ValueError, match="needs an expert that reports its phase; Expert does not"):
+        run_expert_episode(Env(), seed=0, action_noise=1.0, noise_phases=["push"])
+    episode, _ = run_expert_episode(Env(), seed=0, action_noise=1.0)  # every step: no phase needed
+    assert np.abs(episode["state"][1:]).min() > 0
