@@ -9,8 +9,10 @@ object k, k < ``--pairs``) through the rollout's own actor (windows built as ``d
 builds them). Per rollout: success; the median forward base command (|vx|, m/s) over the steps
 after the first two stages are reached (the expert stands still there, so anything well above zero
 is a robot still driving into the shelf); the closest any hand came to the object (mm, MuJoCo's
-geom distance, 0 or less at contact); whether the object left the board or tipped over. The
-scripted expert is the reference. With ``--store`` each policy is also measured open loop on the
+geom distance, 0 or less at contact); whether the object left the board or tipped over; where the
+base stood at the step the hand came closest: its yaw (the shelf faces yaw 0) and the object's
+position in the base frame (forward, lateral), which locate a miss on the base rather than the arm
+when they spread beyond the expert's. The scripted expert is the reference. With ``--store`` each policy is also measured open loop on the
 demonstrations it learned from (``offline_errors``): where its commanded right hand goes against
 where the demonstration's did. A table on screen, JSON to ``benchmarks/results/touch_errors.json``.
 """
@@ -33,7 +35,7 @@ def rollout(actor: Any, definition: Any, env_id: int, object_id: int, seed: int)
         history = [env.reset(seed)]
         actor.start(0, env, seed)
         queue: list[np.ndarray] = []
-        closest = float("inf")
+        closest, placement = float("inf"), (0.0, 0.0, 0.0)
         base_forward: list[float] = []
         object_left_board = False
         while env.steps < definition.max_steps and not env.success():
@@ -43,7 +45,9 @@ def rollout(actor: Any, definition: Any, env_id: int, object_id: int, seed: int)
             if all(env.stages()[:2]):
                 base_forward.append(abs(float(action[0])))
             history.append(env.step(action))
-            closest = min(closest, env.hand_object_distance())
+            distance = env.hand_object_distance()
+            if distance <= closest:
+                closest, placement = distance, _object_in_base_frame(env)
             object_left_board = object_left_board or not env.object_on_board()
         return {
             "env_id": env_id,
@@ -52,10 +56,20 @@ def rollout(actor: Any, definition: Any, env_id: int, object_id: int, seed: int)
             "steps": int(env.steps),
             "base_forward_at_shelf": statistics.median(base_forward) if base_forward else None,
             "closest_hand_mm": 1000 * closest,
+            "base_yaw_at_closest": placement[2],
+            "object_in_base_at_closest": [placement[0], placement[1]],
             "object_left_board": object_left_board,
         }
     finally:
         env.close()
+
+
+def _object_in_base_frame(env: Any) -> tuple[float, float, float]:
+    """(forward, lateral) of the object in the base frame (m) and the base's yaw (rad)."""
+    x, y, yaw = env.base_pose()
+    dx, dy = env.object_position()[:2] - np.array([x, y])
+    c, s = np.cos(yaw), np.sin(yaw)
+    return float(c * dx + s * dy), float(-s * dx + c * dy), float(yaw)
 
 
 # The touching arm's joints and the torso's in the 21-dim whole-body action (JoyLo layout).
@@ -105,6 +119,7 @@ def summarise(rows: list[dict[str, Any]]) -> dict[str, Any]:
     """Rates and medians over the rollouts (the hand's distance over the failures only)."""
     at_shelf = [r["base_forward_at_shelf"] for r in rows if r["base_forward_at_shelf"] is not None]
     missed = [r["closest_hand_mm"] for r in rows if not r["success"]]
+    placement = np.array([r["object_in_base_at_closest"] for r in rows])
     return {
         "rollouts": len(rows),
         "success_rate": float(np.mean([r["success"] for r in rows])),
@@ -112,6 +127,10 @@ def summarise(rows: list[dict[str, Any]]) -> dict[str, Any]:
         "base_forward_at_shelf_median": statistics.median(at_shelf) if at_shelf else None,
         "closest_hand_mm_failures_median": statistics.median(missed) if missed else None,
         "object_left_board_rate": float(np.mean([r["object_left_board"] for r in rows])),
+        "base_yaw_abs_at_closest_median": float(np.median([abs(r["base_yaw_at_closest"]) for r in rows])),
+        # 10th and 90th percentiles over the rollouts: the spread of where the base stood.
+        "object_forward_in_base_p10_p90": np.percentile(placement[:, 0], [10, 90]).tolist(),
+        "object_lateral_in_base_p10_p90": np.percentile(placement[:, 1], [10, 90]).tolist(),
         "per_rollout": rows,
     }
 
@@ -157,14 +176,20 @@ def main(argv: list[str] | None = None) -> int:
         if args.store and name != "expert":
             results[name]["offline_errors"] = offline_errors(actor.policy, args.store, args.every, args.ahead)
     print(
-        "| policy | success | torso stage reached | base forward at the shelf m/s | closest hand mm (misses) | object left the board |"
+        "| policy | success | torso stage reached | base forward at the shelf m/s | closest hand mm (misses) "
+        "| object left the board | base yaw at the closest, rad (median abs) "
+        "| object in the base frame at the closest: forward / lateral, m (10-90%) |"
     )
-    print("|" + " --- |" * 6)
+    print("|" + " --- |" * 8)
     for name, summary in results.items():
         print(
             f"| {checkpoint_label(name)} | {summary['success_rate']:.2f} | {summary['reached_height_rate']:.2f} | "
             f"{_cell(summary['base_forward_at_shelf_median'], 3)} | "
-            f"{_cell(summary['closest_hand_mm_failures_median'], 0)} | {summary['object_left_board_rate']:.2f} |"
+            f"{_cell(summary['closest_hand_mm_failures_median'], 0)} | {summary['object_left_board_rate']:.2f} | "
+            f"{summary['base_yaw_abs_at_closest_median']:.3f} | "
+            "{:.2f}-{:.2f} / {:.2f}-{:.2f} |".format(
+                *summary["object_forward_in_base_p10_p90"], *summary["object_lateral_in_base_p10_p90"]
+            )
         )
     offline = {name: r["offline_errors"] for name, r in results.items() if "offline_errors" in r}
     if offline:

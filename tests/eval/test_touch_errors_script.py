@@ -20,6 +20,12 @@ def test_the_expert_stands_still_at_the_shelf_and_touches(tmp_path: Path, run_be
     for rollout in expert["per_rollout"]:
         assert rollout["closest_hand_mm"] <= 0.5 and rollout["stages"] == [True, True, True]
         assert rollout["steps"] < 100  # the expert touches in about 60 steps
+        # It turns to face the shelf (yaw 0 up to its +-0.04 heading) and stands with the object
+        # about half a metre ahead, in front of the right shoulder (0.24 m to the right).
+        assert abs(rollout["base_yaw_at_closest"]) < 0.05
+        forward, lateral = rollout["object_in_base_at_closest"]
+        assert 0.45 < forward < 0.58 and -0.27 < lateral < -0.21
+    assert expert["base_yaw_abs_at_closest_median"] < 0.05
 
 
 def test_open_loop_errors_are_zero_for_the_demonstrations_and_not_for_a_policy(
