@@ -7,6 +7,7 @@ it with the `laws` extra into a fresh virtual environment and runs `demoscale la
 from __future__ import annotations
 
 import ast
+import functools
 import importlib.metadata
 import os
 import re
@@ -59,9 +60,16 @@ def _third_party_imports(paths: list[Path]) -> dict[str, str]:
     return found
 
 
+@functools.cache
+def _import_names() -> dict[str, list[str]]:
+    """Import name -> installed distributions providing it (reads every installed distribution's
+    file list: about a second, so once per session)."""
+    return importlib.metadata.packages_distributions()
+
+
 def _distributions(module: str) -> set[str]:
     """Distributions providing an import name (installed ones; else the name itself)."""
-    provided = importlib.metadata.packages_distributions().get(module)
+    provided = _import_names().get(module)
     return {_name(d) for d in provided} if provided else {_name(module)}
 
 
