@@ -28,9 +28,18 @@ import numpy as np
 from report import add_json_option, checkpoint_label, emit_json, open_loop_chunks
 
 
-def rollout(actor: Any, definition: Any, env_id: int, object_id: int, seed: int) -> dict[str, Any]:
-    """One rollout of ``actor`` (:func:`demoscale.eval.rollout.actor_for`) with its touch figures."""
-    env = definition.make_env(env_id, object_id, image_size=64)
+def rollout(
+    actor: Any,
+    definition: Any,
+    env_id: int,
+    object_id: int,
+    seed: int,
+    image_size: int = 64,
+    env_options: dict[str, Any] | None = None,
+) -> dict[str, Any]:
+    """One rollout of ``actor`` (:func:`demoscale.eval.rollout.actor_for`) with its touch figures, in
+    an environment rendered as the policy's training data was (``image_size``, ``env_options``)."""
+    env = definition.make_env(env_id, object_id, image_size=image_size, **(env_options or {}))
     try:
         history = [env.reset(seed)]
         actor.start(0, env, seed)
@@ -158,7 +167,7 @@ def main(argv: list[str] | None = None) -> int:
 
     import torch
     from demoscale.eval import ids
-    from demoscale.eval.rollout import actor_for
+    from demoscale.eval.rollout import actor_for, apply_capture, recorded_capture
     from demoscale.eval.tasks import get_task
 
     torch.set_num_threads(args.threads)
@@ -169,8 +178,13 @@ def main(argv: list[str] | None = None) -> int:
     results: dict[str, Any] = {}
     for name in args.policies:
         actor = actor_for(name)
+        # The camera's image size and the cloud's point count the policy was trained with, as
+        # `demoscale eval` applies them (the expert: the task's defaults).
+        recorded = recorded_capture(actor.policy) if name != "expert" else {}
+        _, image_size, env_options = apply_capture(recorded, "touch_shelf", None, None, name)
         rows = [
-            rollout(actor, definition, *pairs[k % len(pairs)], args.seed + k) for k in range(args.rollouts)
+            rollout(actor, definition, *pairs[k % len(pairs)], args.seed + k, image_size or 64, env_options)
+            for k in range(args.rollouts)
         ]
         results[name] = summarise(rows)
         if args.store and name != "expert":
