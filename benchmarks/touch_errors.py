@@ -167,7 +167,7 @@ def main(argv: list[str] | None = None) -> int:
 
     import torch
     from demoscale.eval import ids
-    from demoscale.eval.rollout import actor_for, apply_capture, recorded_capture
+    from demoscale.eval.rollout import PolicyActor, actor_for, apply_capture, recorded_capture
     from demoscale.eval.tasks import get_task
 
     torch.set_num_threads(args.threads)
@@ -180,7 +180,7 @@ def main(argv: list[str] | None = None) -> int:
         actor = actor_for(name)
         # The camera's image size and the cloud's point count the policy was trained with, as
         # `demoscale eval` applies them (the expert: the task's defaults).
-        recorded = recorded_capture(actor.policy) if name != "expert" else {}
+        recorded = recorded_capture(actor.policy) if isinstance(actor, PolicyActor) else {}
         _, image_size, env_options = apply_capture(recorded, "touch_shelf", None, None, name)
         rows = [
             rollout(actor, definition, *pairs[k % len(pairs)], args.seed + k, image_size or 64, env_options)

@@ -89,15 +89,15 @@ def run_expert_episode(
     noise = np.random.default_rng([int(seed), 0x0DA127])
     obs = env.reset(seed)
     expert = env.expert(seed)
+    if phases is not None and not hasattr(expert, "phase"):
+        raise ValueError(
+            f"noise_phases {sorted(phases)} needs an expert that reports its phase; "
+            f"{type(expert).__name__} does not (the whole-body and tabletop experts do)"
+        )
     frames = [obs]
     actions = []
     for _ in range(env.max_steps):
         action = expert.act(obs)
-        if phases is not None and not hasattr(expert, "phase"):
-            raise ValueError(
-                f"noise_phases {sorted(phases)} needs an expert that reports its phase; "
-                f"{type(expert).__name__} does not (the whole-body experts do)"
-            )
         if scale is None or (phases is not None and expert.phase not in phases):
             executed = action
         elif scale.size not in (1, np.size(action)):
