@@ -1,15 +1,18 @@
 """One checkpoint, rolled out with different execution settings: how many actions of each predicted
 chunk are executed before the policy is asked again (``n_action_steps``), how many control steps
 pass between an observation and the first action of its chunk (``inference_delay``, a robot that
-keeps moving while the policy computes) and how many denoising steps it takes, on one or more sets
-of initial states (evaluation seeds).
+keeps moving while the policy computes), how many denoising steps it takes, and whether the chunks
+are temporally ensembled (ACT: a chunk every step, the overlapping predictions averaged), on one or
+more sets of initial states (evaluation seeds).
 
     python benchmarks/execution_horizon.py CHECKPOINT --task pusht --n-action-steps 8 4 --seeds 0 1 2
     python benchmarks/execution_horizon.py CHECKPOINT --n-action-steps 4 --inference-delays 0 2 4
+    python benchmarks/execution_horizon.py CHECKPOINT --n-action-steps 8 --temporal-ensembles off 0 0.1
     python benchmarks/execution_horizon.py ... --record docs/results/NAME --policy "what it is"
 
 Training is untouched: these are inference settings of the saved policy (``load_policy``'s
-``num_inference_steps``, ``Policy.n_action_steps``, ``Policy.inference_delay``). A table on screen, JSON to
+``num_inference_steps``, ``Policy.n_action_steps``, ``Policy.inference_delay``,
+``Policy.temporal_ensemble``). A table on screen, JSON to
 ``benchmarks/results/execution_horizon.json`` (``--json PATH`` to choose). ``--record DIR`` also
 writes a results record: every rollout (``rollouts.csv``), ``summary.json`` whose ``headline`` rows
 pool each setting's seeds (Wilson interval for success, the evaluator's for the other metrics),
@@ -34,11 +37,21 @@ from report import add_json_option, emit_json
 ROOT = Path(__file__).resolve().parents[1]
 
 
-def _setting(row: dict[str, Any]) -> str:
-    return (
-        f"{row['n_action_steps']} executed, delay {row['inference_delay']}, "
-        f"{row['inference_steps']} denoising steps"
-    )
+def _ensemble(value: str) -> float | None:
+    """A ``--temporal-ensembles`` value: ``off`` or the ensembler's decay."""
+    if value == "off":
+        return None
+    try:
+        return float(value)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected 'off' or a decay (a number), got {value!r}") from None
+
+
+def _execution(n_action_steps: int, delay: int, ensemble: float | None) -> str:
+    """How the chunks are executed, for tables and labels."""
+    if ensemble is not None:
+        return f"ensembled every step (decay {ensemble:g})"
+    return f"{n_action_steps} actions executed per chunk, delay {delay}"
 
 
 def write_record(
@@ -56,15 +69,18 @@ def write_record(
     rollouts.to_csv(out / "rollouts.csv", index=False)
     metrics = [m for m in ("max_coverage", "score") if m in rollouts.columns]
     headline, pooled = [], []
-    settings = ["n_action_steps", "inference_delay", "inference_steps"]
-    for (n_action, delay, n_inference), group in rollouts.groupby(settings, sort=False):
+    settings = ["n_action_steps", "inference_delay", "temporal_ensemble", "inference_steps"]
+    for (n_action, delay, ensemble, n_inference), group in rollouts.groupby(settings, sort=False):
         successes, n = int(group["success"].sum()), len(group)
         low, high = wilson_interval(successes, n)
-        entry = {"n_action_steps": int(n_action), "inference_delay": int(delay), "inference_steps": int(n_inference), "n_rollouts": n,
+        ensemble = None if ensemble == "off" else float(ensemble)
+        execution = _execution(int(n_action), int(delay), ensemble)
+        entry = {"n_action_steps": int(n_action), "inference_delay": int(delay), "temporal_ensemble": ensemble,
+                 "inference_steps": int(n_inference), "execution": execution, "n_rollouts": n,
                  "seeds": sorted(int(s) for s in group["eval_seed"].unique()),
                  "success_rate": successes / n, "success_ci": [low, high]}  # fmt: skip
-        base = {"task": args.task, "policy": f"{args.policy}; {n_action} actions executed per chunk, delay {delay}, "
-                f"{n_inference} denoising steps", "split": args.split, "n_rollouts": n, "train_minutes": args.train_minutes}  # fmt: skip
+        base = {"task": args.task, "policy": f"{args.policy}; {execution}, {n_inference} denoising steps",
+                "split": args.split, "n_rollouts": n, "train_minutes": args.train_minutes}  # fmt: skip
         headline.append(
             {**base, "metric": "success_rate", "value": successes / n, "ci_low": low, "ci_high": high}
         )
@@ -88,7 +104,7 @@ def write_record(
     (out / "summary.json").write_text(json.dumps(summary, indent=1, default=float) + "\n")
 
     fig, axes = plt.subplots(1, 1 + len(metrics[:1]), figsize=(10, 4), squeeze=False)
-    labels = [f"{p['n_action_steps']} / {p['inference_delay']} / {p['inference_steps']}" for p in pooled]
+    labels = [f"{p['execution']}, {p['inference_steps']} denoising steps".replace(", ", "\n") for p in pooled]
     for ax, (name, key) in zip(axes[0], [("success rate", "success_rate"), ("mean max coverage", "mean_max_coverage")], strict=False):  # fmt: skip
         if key not in pooled[0]:
             continue
@@ -98,7 +114,7 @@ def write_record(
         ax.bar(labels, values, yerr=errors, capsize=4, color="#4c72b0")
         ax.set_ylim(0, 1)
         ax.set_title(f"{name} (90% interval, {pooled[0]['n_rollouts']} rollouts each)")
-        ax.set_xlabel("actions executed per chunk / inference delay / denoising steps")
+        ax.tick_params(axis="x", labelsize=7)
     fig.tight_layout()
     fig.savefig(out / "figure.png", dpi=110)
     plt.close(fig)
@@ -107,11 +123,11 @@ def write_record(
              "```bash", command, "```", "",
              f"Commit `{commit}`; {summary['machine']['cpus']} CPUs, {args.threads} torch thread(s); evaluation "
              f"{minutes:.1f} min (no training: checkpoint `{args.checkpoint}`).", "", "![figure](figure.png)", "",
-             "| executed / delay / denoising steps | rollouts (seeds) | success | mean max coverage |", "| --- | --- | --- | --- |"]  # fmt: skip
+             "| execution | denoising steps | rollouts (seeds) | success | mean max coverage |", "| --- | --- | --- | --- | --- |"]  # fmt: skip
     for p in pooled:
         coverage = p.get("mean_max_coverage")
         cell = f"{coverage:.3f} [{p['mean_max_coverage_ci'][0]:.3f}, {p['mean_max_coverage_ci'][1]:.3f}]" if coverage is not None else ""  # fmt: skip
-        lines.append(f"| {p['n_action_steps']} / {p['inference_delay']} / {p['inference_steps']} | {p['n_rollouts']} ({', '.join(map(str, p['seeds']))}) "
+        lines.append(f"| {p['execution']} | {p['inference_steps']} | {p['n_rollouts']} ({', '.join(map(str, p['seeds']))}) "
                      f"| {p['success_rate']:.2f} [{p['success_ci'][0]:.2f}, {p['success_ci'][1]:.2f}] | {cell} |")  # fmt: skip
     lines += ["", "Per seed:", "", "| " + " | ".join(rows[0]) + " |", "|" + " --- |" * len(rows[0])]
     lines += ["| " + " | ".join(str(v) for v in row.values()) + " |" for row in rows]
@@ -127,6 +143,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--inference-delays", type=int, nargs="+", default=[0],
         help="control steps between an observation and the first action of its chunk (0: none)",
+    )  # fmt: skip
+    parser.add_argument(
+        "--temporal-ensembles", type=_ensemble, nargs="+", default=[None], metavar="DECAY",
+        help="'off' (execute chunks) or a decay: a chunk every step, overlapping predictions averaged "
+        "with weights exp(-decay * age), 0 the plain mean (ignores --n-action-steps; no delay)",
     )  # fmt: skip
     parser.add_argument("--inference-steps", type=int, nargs="+", default=[None])
     parser.add_argument("--seeds", type=int, nargs="+", default=[0], help="evaluation seeds")
@@ -159,17 +180,30 @@ def main(argv: list[str] | None = None) -> int:
     # Every combination that fits the chunk, checked before anything runs; the others are said and skipped.
     horizon = load_policy(args.checkpoint).horizon
     settings = []
-    for setting in product(args.inference_steps, args.n_action_steps, args.inference_delays, args.seeds):
-        try:
-            check_execution(horizon, setting[1], setting[2])
+    grid = product(
+        args.inference_steps, args.n_action_steps, args.inference_delays, args.temporal_ensembles, args.seeds
+    )
+    for inference_steps, n_action_steps, delay, ensemble, seed in grid:
+        if ensemble is not None:
+            if delay:
+                print(f"skipped: temporal ensembling with delay {delay}: it replans every step", flush=True)
+                continue
+            n_action_steps = 1  # the ensembler's: one action per prediction
+        else:
+            try:
+                check_execution(horizon, n_action_steps, delay)
+            except ValueError as error:
+                print(f"skipped: {n_action_steps} executed with delay {delay}: {error}", flush=True)
+                continue
+        setting = (inference_steps, n_action_steps, delay, ensemble, seed)
+        if setting not in settings:
             settings.append(setting)
-        except ValueError as error:
-            print(f"skipped: {setting[1]} executed with delay {setting[2]}: {error}", flush=True)
     if not settings:
         raise SystemExit("no setting fits the chunk (see above)")
-    for inference_steps, n_action_steps, inference_delay, seed in settings:
+    for inference_steps, n_action_steps, inference_delay, ensemble, seed in settings:
         policy = load_policy(args.checkpoint, num_inference_steps=inference_steps)
         policy.n_action_steps, policy.inference_delay = n_action_steps, inference_delay
+        policy.temporal_ensemble = ensemble
         result = evaluate(
             policy,
             task=args.task,
@@ -189,6 +223,7 @@ def main(argv: list[str] | None = None) -> int:
         row = {
             "n_action_steps": n_action_steps,
             "inference_delay": inference_delay,
+            "temporal_ensemble": "off" if ensemble is None else ensemble,
             "inference_steps": policy.num_inference_steps,
             "seed": seed,
             "rollouts": summary["episodes"],
@@ -203,6 +238,7 @@ def main(argv: list[str] | None = None) -> int:
             result.rollouts.assign(
                 n_action_steps=n_action_steps,
                 inference_delay=inference_delay,
+                temporal_ensemble="off" if ensemble is None else str(ensemble),
                 inference_steps=policy.num_inference_steps,
                 eval_seed=seed,
             )

@@ -150,6 +150,12 @@ class PolicyActor:
     while the next chunk is computed: each chunk is acted on from its action d, at step t + d for an
     observation at step t, and until then the previous chunk's actions [n, n + d) run (n =
     ``n_action_steps``). The first chunk of a rollout runs from its action 0 (the robot waits for it).
+
+    With the policy's ``temporal_ensemble`` set (a decay, ACT's temporal ensembling), the policy
+    predicts a chunk at every step and the executed action is the weighted mean of every stored
+    chunk's prediction for that step (:class:`~demoscale.policies.inference.TemporalEnsembler`:
+    weight ``exp(-decay * age)``, age 0 the newest chunk; 0 is the plain mean, a negative decay
+    favours older chunks). It replans every step, so it takes no ``n_action_steps`` and no delay.
     """
 
     def __init__(self, policy, name: str) -> None:
@@ -162,6 +168,16 @@ class PolicyActor:
 
             check_execution(int(policy.horizon), self.n_action_steps, self.inference_delay)
         self.previous: dict[int, np.ndarray | None] = {}  # slot -> its last chunk (for the delay)
+        decay = getattr(policy, "temporal_ensemble", None)
+        self.temporal_ensemble = None if decay is None else float(decay)
+        if self.temporal_ensemble is not None:
+            if self.inference_delay:
+                raise ValueError(
+                    "temporal ensembling replans at every step from the newest observation; "
+                    f"it does not combine with an inference delay ({self.inference_delay})"
+                )
+            self.n_action_steps = 1
+        self.ensemblers: dict[int, Any] = {}  # slot -> its chunks (temporal ensembling)
         self.obs_offsets = {k: [int(o) for o in v] for k, v in policy.obs_offsets.items()}
         bad = {k: v for k, v in self.obs_offsets.items() if any(o > 0 for o in v)}
         if bad:
@@ -169,6 +185,10 @@ class PolicyActor:
 
     def start(self, slot: int, env, seed: int) -> None:
         self.previous[slot] = None
+        if self.temporal_ensemble is not None:
+            from demoscale.policies.inference import TemporalEnsembler
+
+            self.ensemblers[slot] = TemporalEnsembler(self.temporal_ensemble)
 
     def window(self, history: Sequence[Mapping[str, np.ndarray]]) -> dict[str, np.ndarray]:
         """The policy's observation window at the end of ``history`` (frames before the first
@@ -186,6 +206,13 @@ class PolicyActor:
             actions = np.asarray(self.policy.predict_action_batch(batch, seed=seed))
         else:
             actions = np.stack([np.asarray(self.policy.predict_action(w)) for w in windows])
+        if self.temporal_ensemble is not None:
+            out = []
+            for slot, chunk in zip(slots, actions, strict=True):
+                step = len(histories[slot]) - 1  # the step this chunk's first action is for
+                self.ensemblers[slot].add(step, chunk)
+                out.append(self.ensemblers[slot].action(step)[None])
+            return out
         n, delay = self.n_action_steps, self.inference_delay
         if not delay:
             return [a[:n] for a in actions]

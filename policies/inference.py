@@ -27,6 +27,9 @@ class Policy:
             first executed action in rollouts (0: none; see
             :func:`~demoscale.policies.base.check_execution`). Like ``n_action_steps``, the saved
             config's value, which a caller may change before a rollout.
+        temporal_ensemble: ``None`` (execute chunks) or a :class:`TemporalEnsembler` decay: rollouts
+            then predict a chunk at every step and act on the average of the overlapping
+            predictions (ACT's temporal ensembling). An inference setting, ``None`` when loaded.
         family: the policy family of the checkpoint.
     """
 
@@ -43,6 +46,7 @@ class Policy:
         self.horizon = int(config.horizon)
         self.n_action_steps = int(config.n_action_steps)
         self.inference_delay = int(getattr(config, "inference_delay", 0))  # older checkpoints: none
+        self.temporal_ensemble: float | None = None
         default_steps = getattr(config, "num_inference_steps", None)  # only iterative samplers have one
         self.num_inference_steps = num_inference_steps or (int(default_steps) if default_steps else None)
         self.action_dim = int(network.action_dim)

@@ -315,3 +315,48 @@ def test_inference_delay_must_fit_in_the_chunk() -> None:
         PolicyActor(CountingPolicy(6, 3), "counting")
     with pytest.raises(ValueError, match="inference_delay"):
         DiffusionConfig(horizon=16, n_action_steps=8, inference_delay=9).validate()
+
+
+def _ensembled(policy: CountingPolicy, steps: int) -> list[tuple[float, float]]:
+    """The executed (chunk, index) means over ``steps`` steps of one rollout with temporal ensembling."""
+    from demoscale.eval.rollout import PolicyActor
+
+    actor = PolicyActor(policy, "counting")
+    actor.start(0, None, 0)
+    history = {0: [{"state": np.zeros(2)}]}
+    executed = []
+    for _ in range(steps):
+        (chunk,) = actor.chunks([0], history, seed=0)
+        assert chunk.shape == (1, 2)  # one action per prediction
+        executed.append((float(chunk[0, 0]), float(chunk[0, 1])))
+        history[0].append({"state": np.zeros(2)})  # the step was taken
+    return executed
+
+
+def test_temporal_ensembling_averages_every_chunk_that_covers_the_step() -> None:
+    # Chunk k is predicted at step k; at step t the chunks k = t-7 .. t (8-action chunks) cover it,
+    # chunk k with its action t - k. The plain mean (decay 0): mean chunk number and mean index.
+    policy = CountingPolicy(4, 0)
+    policy.temporal_ensemble = 0.0
+    executed = _ensembled(policy, 12)
+    assert executed[0] == (0.0, 0.0)
+    assert executed[2] == pytest.approx((1.0, 1.0))  # chunks 0, 1, 2 at indices 2, 1, 0
+    assert executed[10] == pytest.approx((6.5, 3.5))  # chunks 3..10: chunk 2 no longer reaches step 10
+    # A steep decay keeps only the newest chunk, as replanning every step would.
+    policy = CountingPolicy(4, 0)
+    policy.temporal_ensemble = 50.0
+    assert np.allclose(_ensembled(policy, 5), [(t, 0.0) for t in range(5)])
+    # A new rollout in the slot forgets the previous rollout's chunks.
+    policy = CountingPolicy(4, 0)
+    policy.temporal_ensemble = 0.0
+    _ensembled(policy, 6)
+    assert _ensembled(policy, 1) == [(6.0, 0.0)]
+
+
+def test_temporal_ensembling_refuses_an_inference_delay() -> None:
+    from demoscale.eval.rollout import PolicyActor
+
+    policy = CountingPolicy(4, 2)
+    policy.temporal_ensemble = 0.0
+    with pytest.raises(ValueError, match="does not combine with an inference delay"):
+        PolicyActor(policy, "counting")
