@@ -47,6 +47,15 @@ def _ensemble(value: str) -> float | None:
         raise argparse.ArgumentTypeError(f"expected 'off' or a decay (a number), got {value!r}") from None
 
 
+def _short_label(pooled: dict[str, Any]) -> str:
+    """A figure's bar label: the execution and the denoising steps on three short lines."""
+    if pooled["temporal_ensemble"] is not None:
+        first = f"ensembled\ndecay {pooled['temporal_ensemble']:g}"
+    else:
+        first = f"{pooled['n_action_steps']} executed\ndelay {pooled['inference_delay']}"
+    return f"{first}\n{pooled['inference_steps']} denoising steps"
+
+
 def _execution(n_action_steps: int, delay: int, ensemble: float | None) -> str:
     """How the chunks are executed, for tables and labels."""
     if ensemble is not None:
@@ -103,11 +112,18 @@ def write_record(
     }  # fmt: skip
     (out / "summary.json").write_text(json.dumps(summary, indent=1, default=float) + "\n")
 
-    fig, axes = plt.subplots(1, 1 + len(metrics[:1]), figsize=(10, 4), squeeze=False)
-    labels = [f"{p['execution']}, {p['inference_steps']} denoising steps".replace(", ", "\n") for p in pooled]
-    for ax, (name, key) in zip(axes[0], [("success rate", "success_rate"), ("mean max coverage", "mean_max_coverage")], strict=False):  # fmt: skip
-        if key not in pooled[0]:
-            continue
+    # Success, and beside it the task's mean max coverage (PushT) or else its staged score.
+    panels = [("success rate", "success_rate")]
+    panels += (
+        [("mean max coverage", "mean_max_coverage")]
+        if "mean_max_coverage" in pooled[0]
+        else [("score", "score")]
+    )
+    fig, axes = plt.subplots(
+        1, len(panels), figsize=(max(10, 2.2 * len(pooled) * len(panels)), 4.5), squeeze=False
+    )
+    labels = [_short_label(p) for p in pooled]
+    for ax, (name, key) in zip(axes[0], panels, strict=True):
         values = [p[key] for p in pooled]
         cis = [p["success_ci" if key == "success_rate" else f"{key}_ci"] for p in pooled]
         errors = [[v - c[0] for v, c in zip(values, cis, strict=True)], [c[1] - v for v, c in zip(values, cis, strict=True)]]  # fmt: skip
