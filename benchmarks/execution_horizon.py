@@ -201,16 +201,13 @@ def main(argv: list[str] | None = None) -> int:
     )
     for inference_steps, n_action_steps, delay, ensemble, seed in grid:
         if ensemble is not None:
-            if delay:
-                print(f"skipped: temporal ensembling with delay {delay}: it replans every step", flush=True)
-                continue
             n_action_steps = 1  # the ensembler's: one action per prediction
-        else:
-            try:
-                check_execution(horizon, n_action_steps, delay)
-            except ValueError as error:
-                print(f"skipped: {n_action_steps} executed with delay {delay}: {error}", flush=True)
-                continue
+        try:
+            check_execution(horizon, n_action_steps, delay, ensemble)
+        except ValueError as error:
+            what = "temporal ensembling" if ensemble is not None else f"{n_action_steps} executed"
+            print(f"skipped: {what} with delay {delay}: {error}", flush=True)
+            continue
         setting = (inference_steps, n_action_steps, delay, ensemble, seed)
         if setting not in settings:
             settings.append(setting)

@@ -163,20 +163,17 @@ class PolicyActor:
         self.name = name
         self.n_action_steps = max(1, int(getattr(policy, "n_action_steps", 1)))
         self.inference_delay = int(getattr(policy, "inference_delay", 0))
-        if self.inference_delay:
-            from demoscale.policies.base import check_execution
-
-            check_execution(int(policy.horizon), self.n_action_steps, self.inference_delay)
-        self.previous: dict[int, np.ndarray | None] = {}  # slot -> its last chunk (for the delay)
         decay = getattr(policy, "temporal_ensemble", None)
         self.temporal_ensemble = None if decay is None else float(decay)
         if self.temporal_ensemble is not None:
-            if self.inference_delay:
-                raise ValueError(
-                    "temporal ensembling replans at every step from the newest observation; "
-                    f"it does not combine with an inference delay ({self.inference_delay})"
-                )
-            self.n_action_steps = 1
+            self.n_action_steps = 1  # one action per prediction
+        if self.inference_delay or self.temporal_ensemble is not None:
+            from demoscale.policies.base import check_execution
+
+            check_execution(
+                int(policy.horizon), self.n_action_steps, self.inference_delay, self.temporal_ensemble
+            )
+        self.previous: dict[int, np.ndarray | None] = {}  # slot -> its last chunk (for the delay)
         self.ensemblers: dict[int, Any] = {}  # slot -> its chunks (temporal ensembling)
         self.obs_offsets = {k: [int(o) for o in v] for k, v in policy.obs_offsets.items()}
         bad = {k: v for k, v in self.obs_offsets.items() if any(o > 0 for o in v)}

@@ -125,15 +125,23 @@ CONFIG_MEMBERS = ("obs_offsets", "action_keys", "horizon", "n_action_steps")
 NETWORK_MEMBERS = ("config", "action_dim", "compute_losses", "encode", "act_from_condition")
 
 
-def check_execution(horizon: int, n_action_steps: int, inference_delay: int = 0) -> None:
+def check_execution(
+    horizon: int, n_action_steps: int, inference_delay: int = 0, temporal_ensemble: float | None = None
+) -> None:
     """Raise ValueError unless a chunk of ``horizon`` actions can be executed ``n_action_steps`` at a
-    time with ``inference_delay``.
+    time with ``inference_delay`` (and, if ``temporal_ensemble`` is a decay, ensembled).
 
     With a delay d, a chunk predicted from the observation at step t is first acted on at step t + d,
     from its action d (time-aligned, as on a robot that keeps moving while the policy computes):
     actions [d, n) of each chunk run, then its actions [n, n + d) while the next one is computed. So
-    d <= n and n + d <= horizon. d = 0 is the usual receding-horizon execution.
+    d <= n and n + d <= horizon. d = 0 is the usual receding-horizon execution. Temporal ensembling
+    replans every step from the newest observation (one action per prediction), so it takes no delay.
     """
+    if temporal_ensemble is not None and inference_delay:
+        raise ValueError(
+            "temporal ensembling replans at every step from the newest observation; "
+            f"it does not combine with an inference delay ({inference_delay})"
+        )
     if not 1 <= n_action_steps <= horizon:
         raise ValueError(f"n_action_steps {n_action_steps} must be in 1..horizon={horizon}")
     if not 0 <= inference_delay <= n_action_steps or n_action_steps + inference_delay > horizon:
