@@ -50,8 +50,12 @@ class OptimizerConfig:
             UMI for a fine-tuned ViT).
         weight_decay, betas, eps: AdamW settings.
         warmup_steps: linear warm-up length in optimizer steps.
-        schedule: ``cosine`` (to ``min_lr_ratio * lr`` at the last step) or ``constant``.
+        schedule: ``cosine`` (to ``min_lr_ratio * lr`` at the last step, or at ``decay_steps``) or
+            ``constant``.
         min_lr_ratio: final learning rate as a fraction of the peak.
+        decay_steps: the cosine's length in optimizer steps, warm-up included (default: the whole
+            training). Training may stop before it, to evaluate the early checkpoints of a long
+            schedule without paying for its end.
     """
 
     lr: float = 3e-4
@@ -62,6 +66,27 @@ class OptimizerConfig:
     warmup_steps: int = 500
     schedule: str = "cosine"
     min_lr_ratio: float = 0.0
+    decay_steps: int | None = None
+
+
+def learning_rate_factor(step: int, config: OptimizerConfig, total_steps: int) -> float:
+    """The peak learning rate's multiplier at optimizer ``step`` of a ``total_steps`` training:
+    linear warm-up, then constant or a cosine to ``min_lr_ratio`` over ``decay_steps`` (default
+    ``total_steps``), held there after."""
+    if config.schedule not in ("cosine", "constant"):
+        raise ValueError(f"optimizer.schedule must be 'cosine' or 'constant', got {config.schedule!r}")
+    if config.decay_steps is not None and config.decay_steps <= config.warmup_steps:
+        raise ValueError(
+            f"optimizer.decay_steps ({config.decay_steps}) must exceed warmup_steps ({config.warmup_steps})"
+        )
+    warmup = config.warmup_steps
+    if step < warmup:
+        return (step + 1) / warmup
+    if config.schedule == "constant":
+        return 1.0
+    total = config.decay_steps or total_steps
+    progress = min(1.0, (step - warmup) / max(1, total - warmup))
+    return config.min_lr_ratio + (1.0 - config.min_lr_ratio) * 0.5 * (1.0 + math.cos(math.pi * progress))
 
 
 @dataclass
@@ -346,17 +371,10 @@ class PolicyModule(L.LightningModule):
             groups, lr=config.lr, betas=tuple(config.betas), eps=config.eps, weight_decay=config.weight_decay
         )
         total = max(1, int(self.trainer.estimated_stepping_batches))
-        warmup, min_ratio, cosine = config.warmup_steps, config.min_lr_ratio, config.schedule == "cosine"
-        if config.schedule not in ("cosine", "constant"):
-            raise ValueError(f"optimizer.schedule must be 'cosine' or 'constant', got {config.schedule!r}")
+        learning_rate_factor(0, config, total)  # a bad schedule fails here, before the first step
 
         def lr_factor(step: int) -> float:
-            if step < warmup:
-                return (step + 1) / warmup
-            if not cosine:
-                return 1.0
-            progress = min(1.0, (step - warmup) / max(1, total - warmup))
-            return min_ratio + (1.0 - min_ratio) * 0.5 * (1.0 + math.cos(math.pi * progress))
+            return learning_rate_factor(step, config, total)
 
         scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lr_factor)
         return {"optimizer": optimizer, "lr_scheduler": {"scheduler": scheduler, "interval": "step"}}
