@@ -18,6 +18,7 @@ A family subclasses it next to its network (``policies/diffusion/lightning.py``,
 from __future__ import annotations
 
 import contextlib
+import functools
 import math
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
@@ -371,11 +372,8 @@ class PolicyModule(L.LightningModule):
             groups, lr=config.lr, betas=tuple(config.betas), eps=config.eps, weight_decay=config.weight_decay
         )
         total = max(1, int(self.trainer.estimated_stepping_batches))
-        learning_rate_factor(0, config, total)  # a bad schedule fails here, before the first step
-
-        def lr_factor(step: int) -> float:
-            return learning_rate_factor(step, config, total)
-
+        # LambdaLR evaluates step 0 on construction: a bad schedule fails here, before training.
+        lr_factor = functools.partial(learning_rate_factor, config=config, total_steps=total)
         scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lr_factor)
         return {"optimizer": optimizer, "lr_scheduler": {"scheduler": scheduler, "interval": "step"}}
 
