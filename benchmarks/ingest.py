@@ -4,14 +4,17 @@ Two measurements, side by side in one run, on synthetic camera-like 96x96 frames
 moving block, sensor noise), ~50 frames per episode, JPEG store:
 
 1. **Throughput.** A diffusion_policy replay buffer of ``--ingest-episodes`` episodes (raw uint8
-   frames in Blosc-zstd chunks, as PushT ships) ingested into a fresh JPEG store with 1 and 2
-   worker processes, against the pure encode limit: imagecodecs' JPEG encoder over the same frames,
-   already in memory, in one process. Beside it, the parts of an ingest's work alone: reading the
-   source with the ingest's reader, the content hash, and reading + encoding with no store.
-   Reported per worker: ingest frames/s / (workers x encode frames/s), for the whole ingest and for
-   its write phase alone (into a new store the plan phase reads no frames: the workers hash what
-   they load). Blosc decompresses with one thread in every variant (as in the ingest's workers),
-   so that one worker is one core. Rounds alternate the variants; medians are quoted.
+   frames; ``--source-codecs``: Blosc-zstd with bit-shuffle, as PushT ships, and Blosc-lz4,
+   diffusion_policy's default compressor) ingested into a fresh JPEG store in the committing
+   process itself (``workers=0``), with 1 and 2 worker processes and on Ray, against the pure
+   encode limit: imagecodecs' JPEG encoder over the same frames, already in memory, in one process.
+   Beside it, the parts of an ingest's work alone: reading the source with the ingest's reader, the
+   content hash (sha256, and xxh3-128, what an ingest records), and reading + encoding with no
+   store. Reported per worker: ingest frames/s / (workers x encode frames/s), for the whole ingest
+   and for its write phase alone (into a new store the plan phase reads no frames: the workers hash
+   what they load), and the CPU the committing process used (cores). Blosc decompresses with one
+   thread in every variant (as in the ingest's workers), so that one worker is one core. Rounds
+   alternate the variants; medians are quoted.
 2. **Append cost at scale.** ``--episodes`` episodes (default 10,000) appended to one store in
    transactions of ``--batch`` episodes (what ``demoscale ingest --commit-every`` does), frames
    handed over already encoded so that only the store's own work is timed; the seconds per episode
@@ -24,15 +27,15 @@ moving block, sensor noise), ~50 frames per episode, JPEG store:
 3. **On Ray, and per core for UMI.** The throughput source is also ingested with ``address="local"``
    (a private Ray of 2 CPUs, started and stopped by the ingest, so its start-up is in the time).
    Then a UMI ``dataset.zarr.zip`` of ``--umi-episodes`` episodes of ``--umi-frames`` 224x224 frames
-   (JPEG-XL, as UMI writes them) is ingested into a store of each ``--umi-codecs`` codec, with one
-   worker and with Ray (2 CPUs); per episode, the plan phase (this process: reading and hashing
-   every source frame), the load + encode work one core does (the write phase minus the
-   committer's share) and the committer's own append (the same encoded episodes appended again in
-   one transaction) give the projection for ``--project-episodes`` episodes of
-   ``--project-frames`` frames on 8 and 64 cores: plan + max(load / cores, commit) + Ray start-up.
+   (JPEG-XL, as UMI writes them) is ingested into a store of each ``--umi-codecs`` codec, in the
+   committing process (``workers=0``: its CPU time is all the work) and with Ray (2 CPUs); per
+   episode, the plan phase (this process: reading and hashing every source frame), the load +
+   encode work one core does (the write phase minus the committer's share) and the committer's own
+   append (the same encoded episodes appended again in one transaction) give the projection for
+   ``--project-episodes`` episodes of ``--project-frames`` frames on 8 and 64 cores: plan + max(load / cores, commit) + Ray start-up.
 
     python benchmarks/ingest.py [--episodes 10000] [--ingest-episodes 400] [--rounds 3] [--json [PATH]]
-        [--parts throughput append umi] [--umi-episodes 12] [--umi-frames 100] [--umi-codecs jpegxl jpeg h264]
+        [--source-codecs zstd lz4] [--parts throughput append umi] [--umi-episodes 12] [--umi-frames 100] [--umi-codecs jpegxl jpeg h264]
 """
 
 from __future__ import annotations
@@ -67,15 +70,28 @@ def synthetic_frames(rng: np.random.Generator, length: int, size: int = SIZE) ->
     return frames
 
 
-def write_replay_buffer(path: Path, episodes: list[np.ndarray], rng: np.random.Generator) -> None:
-    """A diffusion_policy replay buffer (Zarr format 2, Blosc) holding ``episodes`` as ``img``."""
+SOURCE_CODECS = ("zstd", "lz4")
+
+
+def write_replay_buffer(
+    path: Path, episodes: list[np.ndarray], rng: np.random.Generator, source_codec: str = "zstd"
+) -> None:
+    """A diffusion_policy replay buffer (Zarr format 2, Blosc) holding ``episodes`` as ``img``:
+    ``zstd`` is Blosc-zstd with bit-shuffle, as PushT's replay buffer ships (diffusion_policy's
+    "disk" compressor), ``lz4`` Blosc-lz4 without shuffle, diffusion_policy's default compressor."""
     import zarr
     from numcodecs import Blosc
+
+    if source_codec not in SOURCE_CODECS:
+        raise ValueError(f"source codec {source_codec!r}: expected one of {SOURCE_CODECS}")
 
     ends = np.cumsum([len(e) for e in episodes]).astype(np.int64)
     n = int(ends[-1])
     root = zarr.open_group(str(path), mode="w", zarr_format=2)
-    compressor = Blosc(cname="zstd", clevel=5, shuffle=Blosc.BITSHUFFLE)  # as PushT's replay buffer
+    if source_codec == "zstd":
+        compressor = Blosc(cname="zstd", clevel=5, shuffle=Blosc.BITSHUFFLE)
+    else:
+        compressor = Blosc(cname="lz4", clevel=5, shuffle=Blosc.NOSHUFFLE)
     img = root.create_array("data/img", shape=(n, SIZE, SIZE, 3), chunks=(100, SIZE, SIZE, 3),
                             dtype="uint8", compressors=compressor)  # fmt: skip
     img[:] = np.concatenate(episodes)
@@ -118,30 +134,33 @@ def read_rate(source: Path, encode: bool) -> float:
         return int(info.episode_ends[-1]) / (time.perf_counter() - started)
 
 
-def hash_rate(episodes: list[np.ndarray]) -> float:
-    """Frames/s of the content hash (sha256 of each episode's frames, as an ingest records it)."""
+def hash_rate(episodes: list[np.ndarray], algorithm: str) -> float:
+    """Frames/s of the content hash ``algorithm`` over each episode's frames, as an ingest records it."""
     from demoscale.collect.source_format import content_hash
 
     started = time.perf_counter()
     for frames in episodes:
-        content_hash({"img": frames})
+        content_hash({"img": frames}, algorithm)
     return sum(len(frames) for frames in episodes) / (time.perf_counter() - started)
 
 
 def ingest_rates(
     source: Path, workdir: Path, workers: int, address: str | None = None
-) -> tuple[float, float]:
-    """Frames/s of a whole ingest, and of its write phase alone (load, encode, append, commit)."""
+) -> tuple[float, float, float]:
+    """Frames/s of a whole ingest and of its write phase alone (load, encode, append, commit), and
+    the CPU this process (the committer) used, in cores over the ingest's wall time."""
     from demoscale.collect import ingest_replay_buffer
 
     store = workdir / f"store_w{workers}.zarr"
     shutil.rmtree(store, ignore_errors=True)
+    cpu = time.process_time()
     summary = ingest_replay_buffer(
         source, store, image_codec="jpeg", workers=workers, address=address, progress=False
     )
+    cpu = time.process_time() - cpu
     shutil.rmtree(store, ignore_errors=True)
     frames = summary.frames_written
-    return frames / summary.seconds, frames / (summary.seconds - summary.plan_seconds)
+    return frames / summary.seconds, frames / (summary.seconds - summary.plan_seconds), cpu / summary.seconds
 
 
 def append_costs(
@@ -318,7 +337,7 @@ def umi_part(workdir: Path, args: argparse.Namespace) -> dict:
     for codec in args.umi_codecs:
         measured: dict[str, list[float]] = {name: [] for name in (
             "plan_cpu", "plan_wall", "load_cpu", "load_wall", "commit_cpu", "commit_wall", "ray_write", "ray_whole",
-            "one_worker_whole",
+            "in_process_whole",
         )}  # fmt: skip
         for _ in range(args.umi_rounds):
             store = workdir / f"umi_{codec}.zarr"
@@ -327,7 +346,7 @@ def umi_part(workdir: Path, args: argparse.Namespace) -> dict:
             planned = ingest_umi(source, store, image_codec=codec, dry_run=True, progress=False)
             plan_cpu = time.process_time() - cpu
             cpu = time.process_time()
-            one = ingest_umi(source, store, image_codec=codec, progress=False)
+            one = ingest_umi(source, store, image_codec=codec, workers=0, progress=False)  # its CPU is ours
             write_cpu = time.process_time() - cpu - plan_cpu
             commit_cpu, commit_wall = committer_costs(store, workdir)
             shutil.rmtree(store, ignore_errors=True)
@@ -341,7 +360,7 @@ def umi_part(workdir: Path, args: argparse.Namespace) -> dict:
             measured["commit_wall"].append(commit_wall)
             measured["ray_write"].append(on_ray.seconds - on_ray.plan_seconds)
             measured["ray_whole"].append(on_ray.seconds)
-            measured["one_worker_whole"].append(one.seconds)
+            measured["in_process_whole"].append(one.seconds)
         median = {name: statistics.median(values) for name, values in measured.items()}
         scale = args.project_frames / args.umi_frames  # the costs grow with the frames of an episode
         row = {
@@ -351,7 +370,7 @@ def umi_part(workdir: Path, args: argparse.Namespace) -> dict:
                 for name, value in median.items()
                 if name[-4:] in ("_cpu", "wall")
             },
-            "one_worker_whole_s": median["one_worker_whole"],
+            "in_process_whole_s": median["in_process_whole"],
             "ray_2_cpus_write_phase_s": median["ray_write"],
             "ray_2_cpus_whole_s": median["ray_whole"],
             # What the model says for the 2-CPU Ray run here, from the wall-time costs and a measured
@@ -426,6 +445,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--side-rounds", type=int, default=7, help="alternating rounds of that comparison")
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument(
+        "--source-codecs", nargs="+", choices=SOURCE_CODECS, default=list(SOURCE_CODECS),
+        help="compressors of the throughput part's replay-buffer sources",
+    )  # fmt: skip
+    parser.add_argument(
         "--parts",
         nargs="+",
         choices=["throughput", "append", "umi"],
@@ -464,45 +487,59 @@ def main(argv: list[str] | None = None) -> int:
 def throughput_part(
     workdir: Path, episodes: list[np.ndarray], all_frames: np.ndarray, rng: np.random.Generator, args
 ) -> list[dict]:
-    """Ingest frames/s (1 and 2 workers, Ray with 2 CPUs) against the encode limit, alternating."""
+    """Ingest frames/s (in this process, 1 and 2 workers, Ray with 2 CPUs) of each source codec
+    against the encode limit, and the parts of the work alone; variants alternate within a round."""
     from numcodecs import blosc
 
     blosc.set_nthreads(1)  # one worker, one core (the ingest's workers do the same)
-    source = workdir / "source.zarr"
-    write_replay_buffer(source, episodes, rng)
-    rates: dict[str, list[float]] = {
-        "encode limit, 1 process": [],
-        "source read alone, 1 process": [],
-        "content hash alone, 1 process": [],
-        "read + encode, 1 process": [],
-    }
-    variants = [(1, None), (2, None), (2, "local")]
-    names = {(1, None): "1 worker(s)", (2, None): "2 worker(s)", (2, "local"): "Ray, 2 worker(s)"}
-    for variant in variants:
-        rates[f"ingest, {names[variant]}"] = []
-        rates[f"  its write phase, {names[variant]}"] = []
+    sources = {}
+    for codec in args.source_codecs:
+        sources[codec] = workdir / f"source_{codec}.zarr"
+        write_replay_buffer(sources[codec], episodes, rng, codec)
+    variants = [(0, None), (1, None), (2, None), (2, "local")]
+    names = {(0, None): "in the committing process", (1, None): "1 worker", (2, None): "2 workers",
+             (2, "local"): "Ray, 2 workers"}  # fmt: skip
+    rates: dict[tuple[str, str, int], list[float]] = {}
+    committer: dict[tuple[str, str, int], list[float]] = {}
+
+    def add(name: str, source: str, workers: int, value: float) -> None:
+        rates.setdefault((name, source, workers), []).append(value)
+
     for _ in range(args.rounds):  # alternating, so machine load hits every variant alike
-        rates["encode limit, 1 process"].append(encode_rate(all_frames))
-        rates["source read alone, 1 process"].append(read_rate(source, encode=False))
-        rates["content hash alone, 1 process"].append(hash_rate(episodes))
-        rates["read + encode, 1 process"].append(read_rate(source, encode=True))
-        for workers, address in variants:
-            whole, writing = ingest_rates(source, workdir, workers, address)
-            rates[f"ingest, {names[workers, address]}"].append(whole)
-            rates[f"  its write phase, {names[workers, address]}"].append(writing)
-    shutil.rmtree(source)
-    limit = statistics.median(rates["encode limit, 1 process"])
+        add("encode limit", "", 1, encode_rate(all_frames))
+        for algorithm in ("sha256", "xxh3_128"):
+            add(f"content hash alone ({algorithm})", "", 1, hash_rate(episodes, algorithm))
+        for codec, source in sources.items():
+            add("source read alone", codec, 1, read_rate(source, encode=False))
+            add("read + encode, no store, no hash", codec, 1, read_rate(source, encode=True))
+            for workers, address in variants:
+                whole, writing, cpu = ingest_rates(source, workdir, workers, address)
+                name = f"ingest, {names[workers, address]}"
+                add(name, codec, max(1, workers), whole)
+                add(f"  its write phase, {names[workers, address]}", codec, max(1, workers), writing)
+                committer.setdefault((name, codec, max(1, workers)), []).append(cpu)
+    for source in sources.values():
+        shutil.rmtree(source)
+    limit = statistics.median(rates[("encode limit", "", 1)])
     throughput = []
-    for name, runs in rates.items():
-        workers = 2 if "2 worker" in name else 1
+    for (name, codec, workers), runs in rates.items():
         median = statistics.median(runs)
-        throughput.append({"variant": name, "frames_per_s": median, "per_worker_of_limit": median / (workers * limit),
-                           "runs": runs})  # fmt: skip
-    print(f"Throughput: {args.ingest_episodes} episodes x {args.frames} frames, {SIZE}x{SIZE} JPEG, "
-          f"median of {args.rounds} rounds ({os.cpu_count()} CPUs; Ray's start-up is inside its time)")  # fmt: skip
-    print(f"{'variant':<38} {'frames/s':>10} {'per worker / encode limit':>26}")
+        row = {"variant": name, "source": codec, "workers": workers, "frames_per_s": median,
+               "per_worker_of_limit": median / (workers * limit), "runs": runs}  # fmt: skip
+        if (name, codec, workers) in committer and name != "ingest, in the committing process":
+            row["committer_cores"] = statistics.median(committer[name, codec, workers])
+        throughput.append(row)
+    print(f"Throughput: {args.ingest_episodes} episodes x {args.frames} frames, {SIZE}x{SIZE} JPEG store, "
+          f"median of {args.rounds} rounds ({os.cpu_count()} CPUs; Ray's start-up is inside its time). "
+          "Sources: replay buffers, Blosc-zstd with bit-shuffle (as PushT ships) and Blosc-lz4 "
+          "(diffusion_policy's default)")  # fmt: skip
+    print(
+        f"{'variant':<42} {'source':>6} {'frames/s':>10} {'per worker / encode limit':>26} {'committer (cores)':>18}"
+    )
     for row in throughput:
-        print(f"{row['variant']:<38} {row['frames_per_s']:>10.0f} {row['per_worker_of_limit']:>26.2f}")
+        cores = f"{row['committer_cores']:.2f}" if "committer_cores" in row else ""
+        print(f"{row['variant']:<42} {row['source']:>6} {row['frames_per_s']:>10.0f} "
+              f"{row['per_worker_of_limit']:>26.2f} {cores:>18}")  # fmt: skip
     return throughput
 
 

@@ -4,8 +4,8 @@ An ingest runs in two phases. First every source file is found (a file, or a dir
 the format's patterns), given its env/object/task ids, read and validated as a whole by the format's
 ``plan`` and turned into a list of :class:`EpisodePlan` (one per episode, with its content hash);
 any problem raises :class:`IngestError` before the store is touched (or even created). Then the
-planned episodes are loaded by the format's ``load`` (in worker processes when ``workers > 1``, or
-as Ray tasks on a cluster with ``address``) and appended to the store in order by this process, as
+planned episodes are loaded by the format's ``load`` (in ``workers`` worker processes, in this process
+with ``workers=0``, or as Ray tasks on a cluster with ``address``) and appended to the store in order by this process, as
 one locked store transaction; episodes whose content hash the store already holds are skipped
 without being loaded.
 """
@@ -26,6 +26,7 @@ from typing import Any
 
 from demoscale.collect.formats import source_format
 from demoscale.collect.source_format import (
+    DEFAULT_CONTENT_HASH,
     ContentHash,
     EpisodePlan,
     IngestError,
@@ -34,6 +35,9 @@ from demoscale.collect.source_format import (
     SourceFormat,
     check_finite,
     content_hash,
+    content_hash_algorithm,
+    digest_algorithm,
+    using_content_hash,
 )
 from demoscale.collect.sources import SourceIds, resolve_sources
 
@@ -125,14 +129,15 @@ def ingest(
     the ``manifest`` CSV, else the ``<task>/env_<i>/object_<j>/`` directory layout. ``max_episodes``
     takes only the first episodes, in source order. ``image_codec`` (and its encoder options,
     ``image_codec_options``, e.g. ``{"gop": 16}`` for ``h264``) is that of a store the ingest
-    creates (default: the format's). ``workers`` processes load and encode episodes; with
-    ``address`` (``"local"`` for a private local Ray of ``workers`` CPUs, ``"auto"`` or
-    ``HOST:PORT`` for a cluster) Ray tasks do, at most ``2 x workers`` in flight (``workers`` 1:
-    the cluster's CPU count), while this process writes the store in order. The store's writer lock
-    is waited for up to ``lock_timeout`` seconds. Raises :class:`IngestError` naming
-    file, key and episode, leaving the store as it was; with ``commit_every=N`` the episodes are
-    committed N at a time instead, so a failed or killed run keeps its committed batches and a
-    rerun skips them (by content hash).
+    creates (default: the format's). ``workers`` processes load and encode episodes (0: this
+    process does, between its appends); with ``address`` (``"local"`` for a private local Ray of
+    ``workers`` CPUs, ``"auto"`` or ``HOST:PORT`` for a cluster) Ray tasks do, at most
+    ``2 x workers`` in flight (``workers`` 0 or 1: the cluster's CPU count), while this process
+    writes the store in order. The store's writer lock is waited for up to ``lock_timeout``
+    seconds. Raises :class:`IngestError` naming file, key and episode, leaving the store as it was;
+    with ``commit_every=N`` the episodes are committed N at a time instead, so a failed or killed
+    run keeps its committed batches and a rerun skips them (by content hash, see
+    :func:`store_content_hash`).
     """
     started = time.perf_counter()
     adapter = source_format(format) if isinstance(format, str) else format
@@ -143,6 +148,8 @@ def ingest(
         )
     if max_episodes is not None and max_episodes < 1:
         raise IngestError(f"max_episodes must be at least 1, got {max_episodes}")
+    if workers < 0:
+        raise IngestError(f"workers must be at least 0, got {workers}")
     if address is not None and address != "local" and not dry_run:
         from demoscale.collect.ray_cluster import check_reachable
 
@@ -157,24 +164,25 @@ def ingest(
     # A new store holds nothing to skip: a format that can hash what it loads is not asked to read
     # every frame twice (once here to hash it, once to load it).
     hashes = not (getattr(adapter, "hash_on_load", False) and not dry_run and not store_exists(str(store)))
-    features, plans = plan_sources(adapter, sources, options, max_episodes, progress, notes, hashes)
-    planned = time.perf_counter()
-    summary = write_plans(
-        store,
-        features,
-        plans,
-        adapter,
-        sources=[str(path) for path, _ in sources],
-        image_codec=image_codec or adapter.default_image_codec,
-        image_codec_options=image_codec_options,
-        workers=workers,
-        address=address,
-        dry_run=dry_run,
-        progress=progress,
-        started=started,
-        lock_timeout=lock_timeout,
-        commit_every=commit_every,
-    )
+    with using_content_hash(store_content_hash(str(store))):
+        features, plans = plan_sources(adapter, sources, options, max_episodes, progress, notes, hashes)
+        planned = time.perf_counter()
+        summary = write_plans(
+            store,
+            features,
+            plans,
+            adapter,
+            sources=[str(path) for path, _ in sources],
+            image_codec=image_codec or adapter.default_image_codec,
+            image_codec_options=image_codec_options,
+            workers=workers,
+            address=address,
+            dry_run=dry_run,
+            progress=progress,
+            started=started,
+            lock_timeout=lock_timeout,
+            commit_every=commit_every,
+        )
     summary.plan_seconds = planned - started
     summary.notes = notes
     return summary
@@ -228,6 +236,23 @@ def _rates(features: Mapping[str, Any]) -> list[float | None]:
     return sorted({spec.rate_hz for spec in features.values()}, key=str)
 
 
+def store_content_hash(location: str) -> str:
+    """The content hash an ingest into the store at ``location`` records: the default for a new
+    store or one holding only prefixed digests, sha256 for a store written before digests named
+    their algorithm (so that a rerun recognises the episodes already in it)."""
+    from demoscale.datasets import EpisodeStore, StoreError, store_exists
+
+    if not store_exists(location):
+        return DEFAULT_CONTENT_HASH
+    try:
+        digests = {str(h) for h in EpisodeStore.open(location).episodes["source_sha256"].dropna()} - {""}
+    except (StoreError, ValueError) as error:
+        raise IngestError(f"store {location}: {error}") from error
+    return (
+        "sha256" if any(digest_algorithm(digest) == "sha256" for digest in digests) else DEFAULT_CONTENT_HASH
+    )
+
+
 def _existing_store(
     location: str, features: Mapping[str, Any], image_codec: str, image_codec_options: dict | None = None
 ) -> tuple[str, dict, set[str]]:
@@ -257,10 +282,10 @@ def _load_and_encode(
     load_args: Any,
     want_encoded: bool,
     encode_images: Mapping[str, tuple],
-    hash_content: bool = False,
+    hash_with: str | None = None,
 ) -> tuple[dict, dict | None, str | None]:
-    """Run in a worker: load one episode, hash it if asked (``hash_on_load`` formats whose plan left
-    the hash out), and encode its image frames in the store's codec (a video codec encodes the
+    """Run in a worker: load one episode, hash it with ``hash_with`` if given (``hash_on_load``
+    formats whose plan left the hash out), and encode its image frames in the store's codec (a video codec encodes the
     episode as one stream). Returns (arrays, encoded frames, content hash or None).
 
     Encoding and hashing here rather than in the writing process is what spreads that work over the
@@ -270,7 +295,7 @@ def _load_and_encode(
 
     _one_codec_thread()
     arrays, encoded = adapter.load(load_args, want_encoded)
-    digest = content_hash(arrays) if hash_content else None
+    digest = content_hash(arrays, hash_with) if hash_with else None
     encoded = dict(encoded or {})
     for key, (codec, options) in encode_images.items():
         if key in arrays and key not in encoded:
@@ -286,6 +311,11 @@ def _one_codec_thread() -> None:
     except ImportError:
         return
     blosc.set_nthreads(1)
+
+
+def _hash_with(plan: EpisodePlan) -> str | None:
+    """The content hash a worker hashes ``plan``'s loaded arrays with (None: the plan has its hash)."""
+    return content_hash_algorithm() if plan.sha256 is None else None
 
 
 def _with_hash(plan: EpisodePlan, digest: str | None) -> EpisodePlan:
@@ -338,7 +368,7 @@ def _loaded_in_order(
     if address is not None:
         yield from _loaded_on_ray(adapter, plans, want_encoded, workers, encode_images, address)
         return
-    if workers <= 1:
+    if workers < 1:
         for plan in plans:
             try:
                 arrays, encoded = adapter.load(plan.load_args, want_encoded)
@@ -360,7 +390,7 @@ def _loaded_in_order(
 
         def submit(plan: EpisodePlan) -> None:
             future = pool.submit(
-                _load_and_encode, adapter, plan.load_args, want_encoded, encode_images, plan.sha256 is None
+                _load_and_encode, adapter, plan.load_args, want_encoded, encode_images, _hash_with(plan)
             )
             pending.append((plan, future))
 
@@ -414,9 +444,7 @@ def _loaded_on_ray(
             pending.append(
                 (
                     plan,
-                    load.remote(
-                        adapter_ref, plan.load_args, want_encoded, encode_images, plan.sha256 is None
-                    ),
+                    load.remote(adapter_ref, plan.load_args, want_encoded, encode_images, _hash_with(plan)),
                 )
             )
 
@@ -466,9 +494,11 @@ def write_plans(
     """Append the planned episodes to the store, skipping those whose hash it already holds.
 
     ``image_codec`` and ``image_codec_options`` are used only when the store is created. The adapter
-    is asked for encoded frames only when the store uses its ``copy_codec``. With ``workers > 1``
-    episodes are loaded and their images encoded in worker processes, with ``address`` in Ray tasks
-    (see :func:`ingest`), and this process appends them in order.
+    is asked for encoded frames only when the store uses its ``copy_codec``. Episodes are loaded and
+    their images encoded in ``workers`` worker processes (in this process with 0), with ``address``
+    in Ray tasks (see :func:`ingest`), and this process appends them in order. One worker beside the
+    appending process beats loading in it: the appends cost about a quarter of a JPEG encode per
+    frame, which the worker then does not wait for (``benchmarks/ingest.py``).
 
     All or nothing: the whole run holds the store's writer lock (waiting up to ``lock_timeout``
     seconds for another writer) and is one store transaction, so an episode that fails only while

@@ -20,6 +20,8 @@ from __future__ import annotations
 
 import hashlib
 from collections.abc import Iterable, Iterator, Mapping
+from contextlib import contextmanager
+from contextvars import ContextVar
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol, TypeVar
@@ -129,11 +131,55 @@ def open_hdf5(path: Path) -> Any:
         raise IngestError(f"{path}: not a readable HDF5 file (truncated or corrupt?): {error}") from error
 
 
-class ContentHash:
-    """sha256 over named arrays (name, dtype, shape and bytes) and raw byte strings, in call order."""
+# The content hash an ingest records in ``source_sha256`` and skips known episodes by. It identifies
+# content (a rerun, the same file under another name): nothing relies on it against a forger, so
+# it need not be a cryptographic hash, and it must be cheap: sha256 cost half a JPEG encode per
+# 96x96 frame, xxh3-128 a fiftieth (``benchmarks/ingest.py``, "content hash"). Digests carry their
+# algorithm as a prefix ("xxh3_128:<hex>"); a bare 64-digit hex digest is sha256, what stores
+# written before the prefix hold, and an ingest into such a store goes on hashing with sha256 so
+# that a rerun still recognises what is in it.
+CONTENT_HASHES = ("xxh3_128", "sha256")
+DEFAULT_CONTENT_HASH = "xxh3_128"
+_content_hash_algorithm: ContextVar[str] = ContextVar("content_hash_algorithm", default=DEFAULT_CONTENT_HASH)
 
-    def __init__(self) -> None:
-        self._digest = hashlib.sha256()
+
+def digest_algorithm(digest: str) -> str:
+    """The algorithm of a recorded content digest ("sha256" for a bare hex digest)."""
+    prefix, separator, _ = digest.partition(":")
+    return prefix if separator else "sha256"
+
+
+@contextmanager
+def using_content_hash(algorithm: str) -> Iterator[None]:
+    """Hash with ``algorithm`` (one of :data:`CONTENT_HASHES`) inside this block (this thread)."""
+    if algorithm not in CONTENT_HASHES:
+        raise ValueError(f"content hash {algorithm!r}: expected one of {CONTENT_HASHES}")
+    token = _content_hash_algorithm.set(algorithm)
+    try:
+        yield
+    finally:
+        _content_hash_algorithm.reset(token)
+
+
+def content_hash_algorithm() -> str:
+    """The algorithm :class:`ContentHash` uses here (see :func:`using_content_hash`)."""
+    return _content_hash_algorithm.get()
+
+
+class ContentHash:
+    """A content digest over named arrays (name, dtype, shape and bytes) and raw byte strings, in
+    call order, with :func:`content_hash_algorithm` unless ``algorithm`` is given."""
+
+    def __init__(self, algorithm: str | None = None) -> None:
+        self.algorithm = algorithm or content_hash_algorithm()
+        if self.algorithm == "sha256":
+            self._digest: Any = hashlib.sha256()
+        elif self.algorithm == "xxh3_128":
+            import xxhash
+
+            self._digest = xxhash.xxh3_128()
+        else:
+            raise ValueError(f"content hash {self.algorithm!r}: expected one of {CONTENT_HASHES}")
 
     def array(self, name: str, value: np.ndarray) -> None:
         value = np.ascontiguousarray(value)
@@ -151,13 +197,15 @@ class ContentHash:
         self._digest.update(payload)
 
     def hexdigest(self) -> str:
-        return self._digest.hexdigest()
+        """The digest as recorded: bare hex for sha256, "<algorithm>:<hex>" otherwise."""
+        hexdigest = self._digest.hexdigest()
+        return hexdigest if self.algorithm == "sha256" else f"{self.algorithm}:{hexdigest}"
 
 
-def content_hash(arrays: Mapping[str, np.ndarray]) -> str:
+def content_hash(arrays: Mapping[str, np.ndarray], algorithm: str | None = None) -> str:
     """The content hash of an episode's arrays (every key, in key order): what ``hash_on_load``
     formats record as ``source_sha256``."""
-    return ContentHash().arrays(arrays).hexdigest()
+    return ContentHash(algorithm).arrays(arrays).hexdigest()
 
 
 def check_finite(values: np.ndarray, where: str, key: str, episode_ends: np.ndarray | None = None) -> None:

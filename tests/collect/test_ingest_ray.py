@@ -8,6 +8,7 @@ is the same error and leaves the store as it was.
 from __future__ import annotations
 
 import json
+import re
 import socket
 import subprocess
 import sys
@@ -136,7 +137,9 @@ def test_episodes_hashed_in_ray_tasks_equal_a_plain_ingest(tmp_path, local_ray) 
     summary = ingest_replay_buffer(buffer, on_ray, address="local", workers=2, progress=False)
     assert summary.episodes_written == 3
     assert _contents(on_ray) == _contents(plain)
-    assert all(len(h) == 64 for h in EpisodeStore.open(on_ray).episodes["source_sha256"])
+    digests = list(EpisodeStore.open(on_ray).episodes["source_sha256"])
+    assert digests == list(EpisodeStore.open(plain).episodes["source_sha256"])
+    assert all(re.fullmatch("xxh3_128:[0-9a-f]{32}", digest) for digest in digests)
     again = ingest_replay_buffer(buffer, on_ray, address="local", workers=2, progress=False)
     assert (again.episodes_written, again.episodes_skipped) == (0, 3)
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 import shutil
 import zipfile
 
@@ -143,7 +144,7 @@ def test_bad_image_values_fail_half_way_and_write_nothing(tmp_path, snapshot, co
     shutil.rmtree(bad)
 
 
-@pytest.mark.parametrize("workers", [1, 2])
+@pytest.mark.parametrize("workers", [0, 1, 2])
 def test_a_new_store_hashes_episodes_as_they_load_and_a_rerun_skips_them(tmp_path, workers):
     from demoscale.collect.driver import plan_sources
     from demoscale.collect.replay_buffer import REPLAY_BUFFER
@@ -156,7 +157,8 @@ def test_a_new_store_hashes_episodes_as_they_load_and_a_rerun_skips_them(tmp_pat
     _, unhashed = plan_sources(REPLAY_BUFFER, sources, REPLAY_BUFFER.options_type(), hashes=False)
     _, hashed = plan_sources(REPLAY_BUFFER, sources, REPLAY_BUFFER.options_type())
     assert [plan.sha256 for plan in unhashed] == [None] * 3
-    assert all(len(plan.sha256) == 64 for plan in hashed)
+    assert all(re.fullmatch("xxh3_128:[0-9a-f]{32}", plan.sha256) for plan in hashed)
+    assert len({plan.sha256 for plan in hashed}) == 3
 
     # A new store: the plan leaves the hashes out and the write phase (in workers) computes the same.
     summary = ingest_replay_buffer(buffer, tmp_path / "store", workers=workers, progress=False)
@@ -174,6 +176,39 @@ def test_a_new_store_hashes_episodes_as_they_load_and_a_rerun_skips_them(tmp_pat
     shutil.copytree(buffer, twice / "b.zarr")
     summary = ingest_replay_buffer(twice, tmp_path / "store2", workers=workers, progress=False)
     assert (summary.episodes_written, summary.episodes_skipped) == (3, 3)
+
+
+@pytest.mark.parametrize("workers", [0, 2])
+def test_a_store_of_sha256_digests_goes_on_with_sha256_and_a_rerun_skips_what_it_holds(tmp_path, workers):
+    """Stores written before digests named their hash hold bare sha256 digests: an ingest into one
+    hashes with sha256, so that the episodes already in it are recognised."""
+    from demoscale.collect.driver import plan_sources, store_content_hash
+    from demoscale.collect.replay_buffer import REPLAY_BUFFER
+    from demoscale.collect.source_format import content_hash, using_content_hash
+    from demoscale.collect.sources import SourceIds
+
+    rng = np.random.default_rng(10)
+    images = rng.integers(0, 256, size=(30, 8, 8, 3)).astype(np.float32)
+    buffer = _write_buffer(tmp_path / "buffer.zarr", images, [8, 15, 7], rng)
+    with using_content_hash("sha256"):
+        features, plans = plan_sources(
+            REPLAY_BUFFER, [(buffer.resolve(), SourceIds())], REPLAY_BUFFER.options_type()
+        )
+    # The old store: the first two episodes, as an ingest recorded them then.
+    old = EpisodeStore.create(tmp_path / "old.zarr", features, image_codec="jpeg")
+    with old.transaction():
+        for plan in plans[:2]:
+            arrays, _ = REPLAY_BUFFER.load(plan.load_args, False)
+            old.append_episode(
+                arrays, env_id="0", object_id="0", source=plan.source, source_sha256=plan.sha256
+            )
+    assert store_content_hash(str(tmp_path / "old.zarr")) == "sha256"
+    summary = ingest_replay_buffer(buffer, tmp_path / "old.zarr", workers=workers, progress=False)
+    assert (summary.episodes_written, summary.episodes_skipped) == (1, 2)
+    digests = list(EpisodeStore.open(tmp_path / "old.zarr").episodes["source_sha256"])
+    assert digests == [plan.sha256 for plan in plans]
+    assert all(re.fullmatch("[0-9a-f]{64}", digest) for digest in digests)
+    assert content_hash({"x": np.arange(3)}, "sha256") != content_hash({"x": np.arange(3)})
 
 
 def test_bad_image_values_found_while_loading_into_a_new_store_leave_no_store(tmp_path):
