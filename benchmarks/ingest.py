@@ -5,8 +5,8 @@ moving block, sensor noise), ~50 frames per episode, JPEG store:
 
 1. **Throughput.** A diffusion_policy replay buffer of ``--ingest-episodes`` episodes (raw uint8
    frames; ``--source-codecs``: Blosc-zstd with bit-shuffle, as PushT ships, and Blosc-lz4,
-   diffusion_policy's default compressor) ingested into a fresh JPEG store in the committing
-   process itself (``workers=0``), with 1 and 2 worker processes and on Ray, against the pure
+   diffusion_policy's default compressor) ingested into a fresh JPEG store with one worker (the
+   committing process itself), two worker processes and on Ray (2 CPUs), against the pure
    encode limit: imagecodecs' JPEG encoder over the same frames, already in memory, in one process.
    Beside it, the parts of an ingest's work alone: reading the source with the ingest's reader, the
    content hash (sha256, and xxh3-128, what an ingest records), and reading + encoding with no
@@ -28,7 +28,7 @@ moving block, sensor noise), ~50 frames per episode, JPEG store:
    (a private Ray of 2 CPUs, started and stopped by the ingest, so its start-up is in the time).
    Then a UMI ``dataset.zarr.zip`` of ``--umi-episodes`` episodes of ``--umi-frames`` 224x224 frames
    (JPEG-XL, as UMI writes them) is ingested into a store of each ``--umi-codecs`` codec, in the
-   committing process (``workers=0``: its CPU time is all the work) and with Ray (2 CPUs); per
+   committing process (one worker: its CPU time is all the work) and with Ray (2 CPUs); per
    episode, the plan phase (this process: reading and hashing every source frame), the load +
    encode work one core does (the write phase minus the committer's share) and the committer's own
    append (the same encoded episodes appended again in one transaction) give the projection for
@@ -346,7 +346,7 @@ def umi_part(workdir: Path, args: argparse.Namespace) -> dict:
             planned = ingest_umi(source, store, image_codec=codec, dry_run=True, progress=False)
             plan_cpu = time.process_time() - cpu
             cpu = time.process_time()
-            one = ingest_umi(source, store, image_codec=codec, workers=0, progress=False)  # its CPU is ours
+            one = ingest_umi(source, store, image_codec=codec, progress=False)
             write_cpu = time.process_time() - cpu - plan_cpu
             commit_cpu, commit_wall = committer_costs(store, workdir)
             shutil.rmtree(store, ignore_errors=True)
@@ -487,7 +487,7 @@ def main(argv: list[str] | None = None) -> int:
 def throughput_part(
     workdir: Path, episodes: list[np.ndarray], all_frames: np.ndarray, rng: np.random.Generator, args
 ) -> list[dict]:
-    """Ingest frames/s (in this process, 1 and 2 workers, Ray with 2 CPUs) of each source codec
+    """Ingest frames/s (1 worker: this process, 2 worker processes, Ray with 2 CPUs) of each source codec
     against the encode limit, and the parts of the work alone; variants alternate within a round."""
     from numcodecs import blosc
 
@@ -496,8 +496,8 @@ def throughput_part(
     for codec in args.source_codecs:
         sources[codec] = workdir / f"source_{codec}.zarr"
         write_replay_buffer(sources[codec], episodes, rng, codec)
-    variants = [(0, None), (1, None), (2, None), (2, "local")]
-    names = {(0, None): "in the committing process", (1, None): "1 worker", (2, None): "2 workers",
+    variants = [(1, None), (2, None), (2, "local")]
+    names = {(1, None): "1 worker (the committing process)", (2, None): "2 worker processes",
              (2, "local"): "Ray, 2 workers"}  # fmt: skip
     rates: dict[tuple[str, str, int], list[float]] = {}
     committer: dict[tuple[str, str, int], list[float]] = {}
@@ -515,9 +515,9 @@ def throughput_part(
             for workers, address in variants:
                 whole, writing, cpu = ingest_rates(source, workdir, workers, address)
                 name = f"ingest, {names[workers, address]}"
-                add(name, codec, max(1, workers), whole)
-                add(f"  its write phase, {names[workers, address]}", codec, max(1, workers), writing)
-                committer.setdefault((name, codec, max(1, workers)), []).append(cpu)
+                add(name, codec, workers, whole)
+                add(f"  its write phase, {names[workers, address]}", codec, workers, writing)
+                committer.setdefault((name, codec, workers), []).append(cpu)
     for source in sources.values():
         shutil.rmtree(source)
     limit = statistics.median(rates[("encode limit", "", 1)])
@@ -526,7 +526,7 @@ def throughput_part(
         median = statistics.median(runs)
         row = {"variant": name, "source": codec, "workers": workers, "frames_per_s": median,
                "per_worker_of_limit": median / (workers * limit), "runs": runs}  # fmt: skip
-        if (name, codec, workers) in committer and name != "ingest, in the committing process":
+        if (name, codec, workers) in committer and workers > 1:
             row["committer_cores"] = statistics.median(committer[name, codec, workers])
         throughput.append(row)
     print(f"Throughput: {args.ingest_episodes} episodes x {args.frames} frames, {SIZE}x{SIZE} JPEG store, "

@@ -4,8 +4,8 @@ An ingest runs in two phases. First every source file is found (a file, or a dir
 the format's patterns), given its env/object/task ids, read and validated as a whole by the format's
 ``plan`` and turned into a list of :class:`EpisodePlan` (one per episode, with its content hash);
 any problem raises :class:`IngestError` before the store is touched (or even created). Then the
-planned episodes are loaded by the format's ``load`` (in ``workers`` worker processes, in this process
-with ``workers=0``, or as Ray tasks on a cluster with ``address``) and appended to the store in order by this process, as
+planned episodes are loaded by the format's ``load`` (in worker processes when ``workers > 1``, or
+as Ray tasks on a cluster with ``address``) and appended to the store in order by this process, as
 one locked store transaction; episodes whose content hash the store already holds are skipped
 without being loaded.
 """
@@ -129,10 +129,10 @@ def ingest(
     the ``manifest`` CSV, else the ``<task>/env_<i>/object_<j>/`` directory layout. ``max_episodes``
     takes only the first episodes, in source order. ``image_codec`` (and its encoder options,
     ``image_codec_options``, e.g. ``{"gop": 16}`` for ``h264``) is that of a store the ingest
-    creates (default: the format's). ``workers`` processes load and encode episodes (0: this
+    creates (default: the format's). ``workers`` processes load and encode episodes (1: this
     process does, between its appends); with ``address`` (``"local"`` for a private local Ray of
     ``workers`` CPUs, ``"auto"`` or ``HOST:PORT`` for a cluster) Ray tasks do, at most
-    ``2 x workers`` in flight (``workers`` 0 or 1: the cluster's CPU count), while this process
+    ``2 x workers`` in flight (``workers`` 1: the cluster's CPU count), while this process
     writes the store in order. The store's writer lock is waited for up to ``lock_timeout``
     seconds. Raises :class:`IngestError` naming file, key and episode, leaving the store as it was;
     with ``commit_every=N`` the episodes are committed N at a time instead, so a failed or killed
@@ -148,8 +148,8 @@ def ingest(
         )
     if max_episodes is not None and max_episodes < 1:
         raise IngestError(f"max_episodes must be at least 1, got {max_episodes}")
-    if workers < 0:
-        raise IngestError(f"workers must be at least 0, got {workers}")
+    if workers < 1:
+        raise IngestError(f"workers must be at least 1, got {workers}")
     if address is not None and address != "local" and not dry_run:
         from demoscale.collect.ray_cluster import check_reachable
 
@@ -368,7 +368,7 @@ def _loaded_in_order(
     if address is not None:
         yield from _loaded_on_ray(adapter, plans, want_encoded, workers, encode_images, address)
         return
-    if workers < 1:
+    if workers <= 1:
         for plan in plans:
             try:
                 arrays, encoded = adapter.load(plan.load_args, want_encoded)
@@ -494,11 +494,11 @@ def write_plans(
     """Append the planned episodes to the store, skipping those whose hash it already holds.
 
     ``image_codec`` and ``image_codec_options`` are used only when the store is created. The adapter
-    is asked for encoded frames only when the store uses its ``copy_codec``. Episodes are loaded and
-    their images encoded in ``workers`` worker processes (in this process with 0), with ``address``
-    in Ray tasks (see :func:`ingest`), and this process appends them in order. One worker beside the
-    appending process beats loading in it: the appends cost about a quarter of a JPEG encode per
-    frame, which the worker then does not wait for (``benchmarks/ingest.py``).
+    is asked for encoded frames only when the store uses its ``copy_codec``. With ``workers > 1``
+    episodes are loaded and their images encoded in worker processes, with ``address`` in Ray tasks
+    (see :func:`ingest`), and this process appends them in order; with one, this process loads and
+    encodes between its appends (faster on two cores than one worker process beside it: see
+    ``collect/README.md``, "Ingest at scale").
 
     All or nothing: the whole run holds the store's writer lock (waiting up to ``lock_timeout``
     seconds for another writer) and is one store transaction, so an episode that fails only while

@@ -74,8 +74,8 @@ def _add_common(parser: argparse.ArgumentParser, adapter: SourceFormat) -> None:
         "--workers",
         type=int,
         default=1,
-        help="processes for decoding/encoding beside the one that writes the store (default 1; 0: "
-        "decode and encode in that one); with --address, the Ray CPUs to use (default: the cluster's)",
+        help="processes for decoding/encoding (default 1); with --address, the Ray CPUs to use "
+        "(default: the cluster's)",
     )
     parser.add_argument(
         "--address",
@@ -149,8 +149,8 @@ def main(argv: list[str]) -> int:
     """Entry point of ``demoscale ingest``; returns the exit status (2 on bad input, as every command;
     1 when the run failed with good input, e.g. the store stayed locked)."""
     args = build_parser().parse_args(argv)
-    if args.workers < 0:
-        print("demoscale ingest: --workers must be at least 0", file=sys.stderr)
+    if args.workers < 1:
+        print("demoscale ingest: --workers must be at least 1", file=sys.stderr)
         return 2
     if args.commit_every is not None and args.commit_every < 1:
         print("demoscale ingest: --commit-every must be at least 1", file=sys.stderr)
