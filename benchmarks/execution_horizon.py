@@ -1,18 +1,20 @@
 """One checkpoint, rolled out with different execution settings: how many actions of each predicted
 chunk are executed before the policy is asked again (``n_action_steps``), how many control steps
 pass between an observation and the first action of its chunk (``inference_delay``, a robot that
-keeps moving while the policy computes), how many denoising steps it takes, and whether the chunks
-are temporally ensembled (ACT: a chunk every step, the overlapping predictions averaged), on one or
+keeps moving while the policy computes), how many denoising steps it takes from how much starting
+noise (``noise_scale``, a diffusion policy's sampling temperature), and whether the chunks are
+temporally ensembled (ACT: a chunk every step, the overlapping predictions averaged), on one or
 more sets of initial states (evaluation seeds).
 
     python benchmarks/execution_horizon.py CHECKPOINT --task pusht --n-action-steps 8 4 --seeds 0 1 2
     python benchmarks/execution_horizon.py CHECKPOINT --n-action-steps 4 --inference-delays 0 2 4
     python benchmarks/execution_horizon.py CHECKPOINT --n-action-steps 8 --temporal-ensembles off 0 0.1
+    python benchmarks/execution_horizon.py CHECKPOINT --n-action-steps 8 --noise-scales 1 0.5 0
     python benchmarks/execution_horizon.py ... --record docs/results/NAME --policy "what it is"
 
 Training is untouched: these are inference settings of the saved policy (``load_policy``'s
 ``num_inference_steps``, ``Policy.n_action_steps``, ``Policy.inference_delay``,
-``Policy.temporal_ensemble``). A table on screen, JSON to
+``Policy.temporal_ensemble``, ``Policy.noise_scale``). A table on screen, JSON to
 ``benchmarks/results/execution_horizon.json`` (``--json PATH`` to choose). ``--record DIR`` also
 writes a results record: every rollout (``rollouts.csv``), ``summary.json`` whose ``headline`` rows
 pool each setting's seeds (Wilson interval for success, the evaluator's for the other metrics),
@@ -48,12 +50,13 @@ def _ensemble(value: str) -> float | None:
 
 
 def _short_label(pooled: dict[str, Any]) -> str:
-    """A figure's bar label: the execution and the denoising steps on three short lines."""
+    """A figure's bar label: the execution, the denoising steps and the noise scale, on short lines."""
     if pooled["temporal_ensemble"] is not None:
         first = f"ensembled\ndecay {pooled['temporal_ensemble']:g}"
     else:
         first = f"{pooled['n_action_steps']} executed\ndelay {pooled['inference_delay']}"
-    return f"{first}\n{pooled['inference_steps']} denoising steps"
+    noise = "" if pooled["noise_scale"] is None else f"\nnoise x{pooled['noise_scale']:g}"
+    return f"{first}\n{pooled['inference_steps']} denoising steps{noise}"
 
 
 def _execution(n_action_steps: int, delay: int, ensemble: float | None) -> str:
@@ -78,17 +81,19 @@ def write_record(
     rollouts.to_csv(out / "rollouts.csv", index=False)
     metrics = [m for m in ("max_coverage", "score") if m in rollouts.columns]
     headline, pooled = [], []
-    settings = ["n_action_steps", "inference_delay", "temporal_ensemble", "inference_steps"]
-    for (n_action, delay, ensemble, n_inference), group in rollouts.groupby(settings, sort=False):
+    settings = ["n_action_steps", "inference_delay", "temporal_ensemble", "inference_steps", "noise_scale"]
+    for (n_action, delay, ensemble, n_inference, noise), group in rollouts.groupby(settings, sort=False):
         successes, n = int(group["success"].sum()), len(group)
         low, high = wilson_interval(successes, n)
         ensemble = None if ensemble == "off" else float(ensemble)
+        noise = None if noise == "n/a" else float(noise)
         execution = _execution(int(n_action), int(delay), ensemble)
+        sampling = f"{n_inference} denoising steps" + ("" if noise is None else f", noise scale {noise:g}")
         entry = {"n_action_steps": int(n_action), "inference_delay": int(delay), "temporal_ensemble": ensemble,
-                 "inference_steps": int(n_inference), "execution": execution, "n_rollouts": n,
+                 "inference_steps": int(n_inference), "noise_scale": noise, "execution": execution, "n_rollouts": n,
                  "seeds": sorted(int(s) for s in group["eval_seed"].unique()),
                  "success_rate": successes / n, "success_ci": [low, high]}  # fmt: skip
-        base = {"task": args.task, "policy": f"{args.policy}; {execution}, {n_inference} denoising steps",
+        base = {"task": args.task, "policy": f"{args.policy}; {execution}, {sampling}",
                 "split": args.split, "n_rollouts": n, "train_minutes": args.train_minutes}  # fmt: skip
         headline.append(
             {**base, "metric": "success_rate", "value": successes / n, "ci_low": low, "ci_high": high}
@@ -139,11 +144,13 @@ def write_record(
              "```bash", command, "```", "",
              f"Commit `{commit}`; {summary['machine']['cpus']} CPUs, {args.threads} torch thread(s); evaluation "
              f"{minutes:.1f} min (no training: checkpoint `{args.checkpoint}`).", "", "![figure](figure.png)", "",
-             "| execution | denoising steps | rollouts (seeds) | success | mean max coverage |", "| --- | --- | --- | --- | --- |"]  # fmt: skip
+             "| execution | denoising steps | noise scale | rollouts (seeds) | success | mean max coverage |",
+             "| --- | --- | --- | --- | --- | --- |"]  # fmt: skip
     for p in pooled:
         coverage = p.get("mean_max_coverage")
         cell = f"{coverage:.3f} [{p['mean_max_coverage_ci'][0]:.3f}, {p['mean_max_coverage_ci'][1]:.3f}]" if coverage is not None else ""  # fmt: skip
-        lines.append(f"| {p['execution']} | {p['inference_steps']} | {p['n_rollouts']} ({', '.join(map(str, p['seeds']))}) "
+        noise = "" if p["noise_scale"] is None else f"{p['noise_scale']:g}"
+        lines.append(f"| {p['execution']} | {p['inference_steps']} | {noise} | {p['n_rollouts']} ({', '.join(map(str, p['seeds']))}) "
                      f"| {p['success_rate']:.2f} [{p['success_ci'][0]:.2f}, {p['success_ci'][1]:.2f}] | {cell} |")  # fmt: skip
     lines += ["", "Per seed:", "", "| " + " | ".join(rows[0]) + " |", "|" + " --- |" * len(rows[0])]
     lines += ["| " + " | ".join(str(v) for v in row.values()) + " |" for row in rows]
@@ -166,6 +173,11 @@ def main(argv: list[str] | None = None) -> int:
         "with weights exp(-decay * age), 0 the plain mean (ignores --n-action-steps; no delay)",
     )  # fmt: skip
     parser.add_argument("--inference-steps", type=int, nargs="+", default=[None])
+    parser.add_argument(
+        "--noise-scales", type=float, nargs="+", default=[None], metavar="SCALE",
+        help="a diffusion policy's starting-noise scale (default: the checkpoint's; 1 the training "
+        "noise, below 1 a lower sampling temperature, 0 deterministic)",
+    )  # fmt: skip
     parser.add_argument("--seeds", type=int, nargs="+", default=[0], help="evaluation seeds")
     parser.add_argument("--envs", type=int, default=None, help="initial states (default: the task's)")
     parser.add_argument("--split", choices=["unseen", "train"], default="unseen", help="id range")
@@ -194,12 +206,20 @@ def main(argv: list[str] | None = None) -> int:
     started = time.perf_counter()
     rows, frames = [], []
     # Every combination that fits the chunk, checked before anything runs; the others are said and skipped.
-    horizon = load_policy(args.checkpoint).horizon
+    loaded = load_policy(args.checkpoint)
+    horizon = loaded.horizon
+    for noise_scale in args.noise_scales:
+        if noise_scale is not None:
+            try:
+                loaded.noise_scale = noise_scale
+            except ValueError as error:
+                raise SystemExit(f"--noise-scales {noise_scale:g}: {error}") from None
     settings = []
     grid = product(
-        args.inference_steps, args.n_action_steps, args.inference_delays, args.temporal_ensembles, args.seeds
-    )
-    for inference_steps, n_action_steps, delay, ensemble, seed in grid:
+        args.inference_steps, args.noise_scales, args.n_action_steps, args.inference_delays,
+        args.temporal_ensembles, args.seeds,
+    )  # fmt: skip
+    for inference_steps, noise_scale, n_action_steps, delay, ensemble, seed in grid:
         if ensemble is not None:
             n_action_steps = 1  # the ensembler's: one action per prediction
         try:
@@ -208,15 +228,17 @@ def main(argv: list[str] | None = None) -> int:
             what = "temporal ensembling" if ensemble is not None else f"{n_action_steps} executed"
             print(f"skipped: {what} with delay {delay}: {error}", flush=True)
             continue
-        setting = (inference_steps, n_action_steps, delay, ensemble, seed)
+        setting = (inference_steps, noise_scale, n_action_steps, delay, ensemble, seed)
         if setting not in settings:
             settings.append(setting)
     if not settings:
         raise SystemExit("no setting fits the chunk (see above)")
-    for inference_steps, n_action_steps, inference_delay, ensemble, seed in settings:
+    for inference_steps, noise_scale, n_action_steps, inference_delay, ensemble, seed in settings:
         policy = load_policy(args.checkpoint, num_inference_steps=inference_steps)
         policy.n_action_steps, policy.inference_delay = n_action_steps, inference_delay
         policy.temporal_ensemble = ensemble
+        if noise_scale is not None:
+            policy.noise_scale = noise_scale
         result = evaluate(
             policy,
             task=args.task,
@@ -238,6 +260,7 @@ def main(argv: list[str] | None = None) -> int:
             "inference_delay": inference_delay,
             "temporal_ensemble": "off" if ensemble is None else ensemble,
             "inference_steps": policy.num_inference_steps,
+            "noise_scale": "n/a" if policy.noise_scale is None else policy.noise_scale,
             "seed": seed,
             "rollouts": summary["episodes"],
             "success": round(summary["success_rate"], 3),
@@ -253,6 +276,7 @@ def main(argv: list[str] | None = None) -> int:
                 inference_delay=inference_delay,
                 temporal_ensemble="off" if ensemble is None else str(ensemble),
                 inference_steps=policy.num_inference_steps,
+                noise_scale="n/a" if policy.noise_scale is None else policy.noise_scale,
                 eval_seed=seed,
             )
         )

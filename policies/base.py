@@ -25,6 +25,7 @@ passes between calls through the network's attributes: ``compute_losses`` recomp
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping
 from typing import Any, Protocol, runtime_checkable
 
@@ -149,6 +150,15 @@ def check_execution(
             f"inference_delay {inference_delay} must be in 0..n_action_steps={n_action_steps} with "
             f"n_action_steps + inference_delay <= horizon={horizon}: the previous chunk must cover the "
             "steps while the next one is computed"
+        )
+
+
+def check_noise_scale(noise_scale: float) -> None:
+    """Raise ValueError unless ``noise_scale`` (the standard deviation of a sampler's starting noise
+    relative to the training noise's) is a finite number >= 0."""
+    if not (isinstance(noise_scale, int | float) and math.isfinite(noise_scale) and noise_scale >= 0):
+        raise ValueError(
+            f"noise_scale must be a finite number >= 0 (1.0: the training noise), got {noise_scale!r}"
         )
 
 

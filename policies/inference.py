@@ -8,6 +8,7 @@ from typing import Any
 
 import numpy as np
 import torch
+from demoscale.policies.base import check_noise_scale
 from demoscale.policies.checkpoints import CheckpointError, load_checkpoint
 from demoscale.policies.families import UnknownFamilyError, get_family
 from demoscale.policies.lightning_module import CHECKPOINT_KEY
@@ -30,6 +31,8 @@ class Policy:
         temporal_ensemble: ``None`` (execute chunks) or a :class:`TemporalEnsembler` decay: rollouts
             then predict a chunk at every step and act on the average of the overlapping
             predictions (ACT's temporal ensembling). An inference setting, ``None`` when loaded.
+        noise_scale: the sampler's starting-noise scale (``DiffusionConfig.noise_scale``: the saved
+            config's value, changeable here); ``None`` for families whose sampler has none.
         family: the policy family of the checkpoint.
     """
 
@@ -50,6 +53,18 @@ class Policy:
         default_steps = getattr(config, "num_inference_steps", None)  # only iterative samplers have one
         self.num_inference_steps = num_inference_steps or (int(default_steps) if default_steps else None)
         self.action_dim = int(network.action_dim)
+
+    @property
+    def noise_scale(self) -> float | None:
+        value = getattr(self.network.config, "noise_scale", None)
+        return None if value is None else float(value)
+
+    @noise_scale.setter
+    def noise_scale(self, value: float) -> None:
+        if not hasattr(self.network.config, "noise_scale"):
+            raise ValueError(f"{self.family} policies have no noise scale to set")
+        check_noise_scale(value)
+        self.network.config.noise_scale = float(value)
 
     def _to_tensors(self, obs_window: Mapping[str, np.ndarray], batched: bool) -> dict[str, torch.Tensor]:
         obs = {}

@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Literal
 
-from demoscale.policies.base import check_execution
+from demoscale.policies.base import check_execution, check_noise_scale
 from demoscale.policies.encoders import ImageEncoderConfig, LowDimEncoderConfig
 
 
@@ -52,6 +52,11 @@ class DiffusionConfig:
         noise_scheduler: ``ddim`` or ``ddpm`` (diffusers); used for sampling at inference.
         num_train_timesteps, beta_schedule, prediction_type, clip_sample: the diffusion process.
         num_inference_steps: denoising steps at inference (16 for UMI's DDIM).
+        noise_scale: standard deviation of the chain's starting noise at inference, 1.0 being the
+            training noise's: below 1 samples at a lower temperature (fewer low-probability
+            chunks), 0 makes the policy deterministic. An inference setting, changeable on a loaded
+            policy (``Policy.noise_scale``). State PushT: 0.5 raised success from 0.47 to 0.64 over
+            200 unseen states at equal coverage, 0 lost coverage (docs/results/pusht_state_24k).
         activation_checkpointing: recompute encoder and U-Net activations in the backward pass.
         mask_padding_loss: ignore the loss on action steps past the end of the episode.
         waypoint_head: add the PIVOT-R-style waypoint head (``policies/waypoint_head.py``; needs the
@@ -88,6 +93,7 @@ class DiffusionConfig:
     prediction_type: Literal["epsilon", "sample", "v_prediction"] = "epsilon"
     clip_sample: bool = True
     num_inference_steps: int = 16
+    noise_scale: float = 1.0
     activation_checkpointing: bool = False
     mask_padding_loss: bool = True
     waypoint_head: bool = False
@@ -116,6 +122,7 @@ class DiffusionConfig:
                 f"horizon {self.horizon} must be a positive multiple of {multiple} for down_dims {self.down_dims}"
             )
         check_execution(self.horizon, self.n_action_steps, self.inference_delay)
+        check_noise_scale(self.noise_scale)
         if self.num_inference_steps > self.num_train_timesteps:
             raise ValueError(
                 f"num_inference_steps {self.num_inference_steps} exceeds num_train_timesteps {self.num_train_timesteps}"

@@ -231,6 +231,8 @@ class DiffusionPolicy(PolicyNetworkBase):
             generator=generator,
             device=cond.device,
         )
+        if self.config.noise_scale != 1.0:  # a lower sampling temperature (see DiffusionConfig)
+            sample = sample * self.config.noise_scale
         for step in scheduler.timesteps:
             model_output = self.denoiser(sample, step.to(cond.device), cond).float()
             sample = scheduler.step(model_output, step, sample, generator=generator).prev_sample

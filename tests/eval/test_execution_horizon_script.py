@@ -29,10 +29,31 @@ def test_settings_that_fit_the_chunk_run_and_are_recorded(tmp_path: Path, run_be
     pooled = [(p["n_action_steps"], p["inference_delay"], p["temporal_ensemble"]) for p in summary["pooled"]]
     assert pooled == [(2, 0, None), (1, 0, 0.0), (2, 2, None)]
     assert {row["policy"] for row in summary["headline"]} == {
-        "fixture; 2 actions executed per chunk, delay 0, 4 denoising steps",
-        "fixture; ensembled every step (decay 0), 4 denoising steps",
-        "fixture; 2 actions executed per chunk, delay 2, 4 denoising steps",
+        "fixture; 2 actions executed per chunk, delay 0, 4 denoising steps, noise scale 1",
+        "fixture; ensembled every step (decay 0), 4 denoising steps, noise scale 1",
+        "fixture; 2 actions executed per chunk, delay 2, 4 denoising steps, noise scale 1",
     }
     readme = (record / "README.md").read_text()
-    assert "| 2 actions executed per chunk, delay 2 | 4 | 1 (0) |" in readme
-    assert "| ensembled every step (decay 0) | 4 | 1 (0) |" in readme
+    assert "| 2 actions executed per chunk, delay 2 | 4 | 1 | 1 (0) |" in readme
+    assert "| ensembled every step (decay 0) | 4 | 1 | 1 (0) |" in readme
+
+
+def test_noise_scales_are_settings_of_the_record(tmp_path: Path, run_benchmark) -> None:
+    """The fixture predates the setting: it loads with the training noise (1) and runs at 0 too."""
+    record = tmp_path / "record"
+    run_benchmark(
+        "execution_horizon.py", str(FIXTURE), "--task", "reach", "--split", "train", "--envs", "1",
+        "--episodes", "1", "--n-action-steps", "2", "--noise-scales", "1", "0", "--threads", "1",
+        "--json", str(tmp_path / "out.json"), "--record", str(record), "--policy", "fixture",
+    )  # fmt: skip
+    rows = json.loads((tmp_path / "out.json").read_text())["rows"]
+    assert [row["noise_scale"] for row in rows] == [1.0, 0.0]
+    summary = json.loads((record / "summary.json").read_text())
+    assert [p["noise_scale"] for p in summary["pooled"]] == [1.0, 0.0]
+    assert "fixture; 2 actions executed per chunk, delay 0, 4 denoising steps, noise scale 0" in {
+        row["policy"] for row in summary["headline"]
+    }
+    bad = run_benchmark(
+        "execution_horizon.py", str(FIXTURE), "--task", "reach", "--noise-scales", "-1", check=False
+    )
+    assert bad.returncode != 0 and "noise_scale must be a finite number >= 0" in bad.stderr

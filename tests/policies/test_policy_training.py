@@ -270,6 +270,8 @@ def test_obs_indices_select_entries_of_a_low_dim_observation(tabletop_store):
         DiffusionConfig(
             obs_offsets={"state": [0]}, obs_indices={"state": [0, 1]}, angle_obs={"state": [4]}
         ).validate()
+    with pytest.raises(ValueError, match="noise_scale must be a finite number >= 0"):
+        DiffusionConfig(obs_offsets={"state": [0]}, noise_scale=-0.5).validate()
 
 
 def test_observation_noise_is_drawn_while_training_only(tabletop_store):

@@ -66,3 +66,29 @@ def test_saved_checkpoint_metadata_is_readable_without_pickled_classes(name: str
     module_path, _, class_name = meta["module_class"].rpartition(".")
     module_class = getattr(importlib.import_module(module_path), class_name)
     assert module_class is get_family(meta["family"]).module_class()
+
+
+def test_noise_scale_sets_the_sampling_temperature_of_a_saved_diffusion_policy() -> None:
+    """Saved before the setting existed, the policy samples from the training noise (1.0); at 0 it
+    is deterministic (every seed, the same chunk), in between its chunks vary less across seeds."""
+    policy = load_policy(FIXTURES / "diffusion.ckpt")
+    window, expected, seed = _saved_window("diffusion")
+    assert policy.noise_scale == 1.0
+    np.testing.assert_allclose(policy.predict_action(window, seed=seed), expected, rtol=1e-4, atol=1e-5)
+
+    def spread(scale: float) -> float:
+        policy.noise_scale = scale
+        chunks = np.stack([policy.predict_action(window, seed=s) for s in range(8)])
+        return float(chunks.std(axis=0).mean())
+
+    full, half, none = spread(1.0), spread(0.5), spread(0.0)
+    assert none < 1e-6  # the same chunk up to float rounding
+    assert 1e-4 < half < full
+    for bad in (-0.1, float("nan")):
+        with pytest.raises(ValueError, match="noise_scale must be a finite number >= 0"):
+            policy.noise_scale = bad
+    assert policy.noise_scale == 0.0  # a refused value leaves the setting as it was
+    wholebody = load_policy(FIXTURES / "wbvima.ckpt")
+    assert wholebody.noise_scale is None
+    with pytest.raises(ValueError, match="wbvima policies have no noise scale"):
+        wholebody.noise_scale = 0.5
