@@ -31,8 +31,9 @@ class Policy:
         temporal_ensemble: ``None`` (execute chunks) or a :class:`TemporalEnsembler` decay: rollouts
             then predict a chunk at every step and act on the average of the overlapping
             predictions (ACT's temporal ensembling). An inference setting, ``None`` when loaded.
-        noise_scale: the sampler's starting-noise scale (``DiffusionConfig.noise_scale``: the saved
-            config's value, changeable here); ``None`` for families whose sampler has none.
+        noise_scale: the sampler's starting-noise scale (``DiffusionConfig.noise_scale``,
+            ``WBVIMAConfig.noise_scale``: the saved config's value, changeable here); ``None`` for
+            families whose sampler has none.
         family: the policy family of the checkpoint.
     """
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from ..base import check_execution
+from ..base import check_execution, check_noise_scale
 from ..encoders import ImageEncoderConfig, PointCloudEncoderConfig
 
 
@@ -79,6 +79,8 @@ class WBVIMAConfig:
         multimodal_attention: mix tokens with the transformer (False: concatenate tokens + MLP).
         down_dims, kernel_size, step_embed_dim, n_groups: each head's 1-D conditional U-Net.
         num_train_timesteps, num_inference_steps, beta_schedule, prediction_type: the DDIM schedule.
+        noise_scale: every head's starting noise at inference, relative to the training noise's
+            (as ``DiffusionConfig.noise_scale``: below 1 a lower sampling temperature).
         waypoint_head: add the PIVOT-R-style waypoint head (needs ``next_waypoint_index`` in the store).
         waypoint_hidden_dims, waypoint_loss_weight: its MLP and the weight of its MSE loss.
     """
@@ -109,6 +111,7 @@ class WBVIMAConfig:
     n_groups: int = 8
     num_train_timesteps: int = 100
     num_inference_steps: int = 16
+    noise_scale: float = 1.0
     beta_schedule: str = "squaredcos_cap_v2"
     prediction_type: str = "epsilon"
     waypoint_head: bool = False
@@ -133,6 +136,7 @@ class WBVIMAConfig:
         if self.obs_window < 1:
             raise ValueError(f"obs_window must be >= 1, got {self.obs_window}")
         check_execution(self.horizon, self.n_action_steps, self.inference_delay)
+        check_noise_scale(self.noise_scale)
 
     @property
     def action_keys(self) -> list[str]:

@@ -452,6 +452,8 @@ class WBVIMAPolicy(PolicyNetworkBase):
                 device=global_cond.device,
                 dtype=global_cond.dtype,
             )
+            if self.config.noise_scale != 1.0:  # a lower sampling temperature (see the config)
+                sample = sample * self.config.noise_scale
             for step in scheduler.timesteps:
                 prediction = head(sample, step.to(global_cond.device), cond)
                 sample = scheduler.step(prediction, step, sample, generator=generator).prev_sample

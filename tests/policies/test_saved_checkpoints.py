@@ -69,8 +69,9 @@ def test_saved_checkpoint_metadata_is_readable_without_pickled_classes(name: str
 
 
 def test_noise_scale_sets_the_sampling_temperature_of_a_saved_diffusion_policy() -> None:
-    """Saved before the setting existed, the policy samples from the training noise (1.0); at 0 it
-    is deterministic (every seed, the same chunk), in between its chunks vary less across seeds."""
+    """Saved before the setting existed, a policy samples from the training noise (1.0); at 0 it is
+    deterministic (every seed, the same chunk), in between its chunks vary less across seeds. The
+    whole-body family's heads take the same setting."""
     policy = load_policy(FIXTURES / "diffusion.ckpt")
     window, expected, seed = _saved_window("diffusion")
     assert policy.noise_scale == 1.0
@@ -89,6 +90,9 @@ def test_noise_scale_sets_the_sampling_temperature_of_a_saved_diffusion_policy()
             policy.noise_scale = bad
     assert policy.noise_scale == 0.0  # a refused value leaves the setting as it was
     wholebody = load_policy(FIXTURES / "wbvima.ckpt")
-    assert wholebody.noise_scale is None
-    with pytest.raises(ValueError, match="wbvima policies have no noise scale"):
-        wholebody.noise_scale = 0.5
+    window, expected, seed = _saved_window("wbvima")
+    assert wholebody.noise_scale == 1.0
+    np.testing.assert_allclose(wholebody.predict_action(window, seed=seed), expected, rtol=1e-4, atol=1e-5)
+    wholebody.noise_scale = 0.0
+    chunks = [wholebody.predict_action(window, seed=s) for s in range(3)]
+    assert max(float(np.abs(chunk - chunks[0]).max()) for chunk in chunks) < 1e-5
