@@ -55,8 +55,9 @@ class DiffusionConfig:
         noise_scale: standard deviation of the chain's starting noise at inference, 1.0 being the
             training noise's: below 1 samples at a lower temperature (fewer low-probability
             chunks), 0 makes the policy deterministic. An inference setting, changeable on a loaded
-            policy (``Policy.noise_scale``). State PushT: 0.5 raised success from 0.47 to 0.64 over
-            200 unseen states at equal coverage, 0 lost coverage (docs/results/pusht_state_24k).
+            policy (``Policy.noise_scale``). State PushT, 200 unseen states: success 0.49 at 1.0,
+            0.59-0.61 at 0.75-0.25 at equal coverage, 0.56 at 0 with less coverage
+            (docs/results/pusht_state_24k/noise_scales).
         activation_checkpointing: recompute encoder and U-Net activations in the backward pass.
         mask_padding_loss: ignore the loss on action steps past the end of the episode.
         waypoint_head: add the PIVOT-R-style waypoint head (``policies/waypoint_head.py``; needs the
