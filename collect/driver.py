@@ -285,8 +285,9 @@ def _load_and_encode(
     hash_with: str | None = None,
 ) -> tuple[dict, dict | None, str | None]:
     """Run in a worker: load one episode, hash it with ``hash_with`` if given (``hash_on_load``
-    formats whose plan left the hash out), and encode its image frames in the store's codec (a video codec encodes the
-    episode as one stream). Returns (arrays, encoded frames, content hash or None).
+    formats whose plan left the hash out), and encode its image frames in the store's codec (a
+    video codec encodes the episode as one stream). Returns (arrays, encoded frames, content hash
+    or None).
 
     Encoding and hashing here rather than in the writing process is what spreads that work over the
     workers; the store copies already-encoded frames as they are.
