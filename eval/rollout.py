@@ -468,27 +468,35 @@ def _run_jobs(
     progress: bool = False,
 ) -> list[dict[str, Any]]:
     actor = actor_for(policy_ref, device=device)
-    if not progress and "torch" in sys.modules:
-        sys.modules["torch"].set_num_threads(1)  # worker processes share the cores: one thread each
+    torch = sys.modules.get("torch")
+    threads = torch.get_num_threads() if torch is not None else None
+    if not progress and torch is not None:
+        torch.set_num_threads(1)  # worker processes share the cores: one thread each
     definition = get_task(task)
     rows: list[dict[str, Any]] = []
     from tqdm.auto import tqdm
 
     bar = tqdm(total=len(jobs), desc=f"eval {task}", unit="rollout", disable=not progress)
-    for start in range(0, len(jobs), batch_size):
-        batch = jobs[start : start + batch_size]
-        rows += _run_batch(
-            actor,
-            definition,
-            batch,
-            image_size,
-            env_options,
-            max_steps,
-            Path(video_dir) if video_dir else None,
-            seed + start,
-        )
-        bar.update(len(batch))
-    bar.close()
+    try:
+        for start in range(0, len(jobs), batch_size):
+            batch = jobs[start : start + batch_size]
+            rows += _run_batch(
+                actor,
+                definition,
+                batch,
+                image_size,
+                env_options,
+                max_steps,
+                Path(video_dir) if video_dir else None,
+                seed + start,
+            )
+            bar.update(len(batch))
+    finally:
+        bar.close()
+        if threads is not None:
+            # Run in the caller's process (no workers), an evaluation must not leave it on one
+            # thread: a learning curve trains its next variant after evaluating the last one.
+            torch.set_num_threads(threads)
     return rows
 
 

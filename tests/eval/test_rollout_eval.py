@@ -129,9 +129,18 @@ def test_evaluate_expert_writes_rollouts_summary_and_videos(tmp_path) -> None:
 
 
 def test_policy_windows_chunks_and_failures_are_scored(tmp_path) -> None:
+    import torch
+
     policy = HoldPolicy(image_size=24)
-    result = evaluate(policy, "push", split="unseen", n_envs=2, n_objects=1, episodes=2, max_steps=9,
-                      video_episodes=0, progress=False)  # fmt: skip
+    threads = torch.get_num_threads()
+    torch.set_num_threads(2)
+    try:
+        result = evaluate(policy, "push", split="unseen", n_envs=2, n_objects=1, episodes=2, max_steps=9,
+                          video_episodes=0, progress=False)  # fmt: skip
+        # The rollouts ran on one thread; the caller gets its two back (it may train next).
+        assert torch.get_num_threads() == 2
+    finally:
+        torch.set_num_threads(threads)
     # Both envs are batched in one call; a new chunk every 4 steps over 9 steps -> 3 calls.
     assert len(policy.calls) == 3
     assert policy.calls[0] == {"camera0_rgb": (2, 3, 24, 24, 3), "robot0_eef_pos": (2, 2, 3)}
