@@ -32,10 +32,12 @@ moving block, sensor noise), ~50 frames per episode, JPEG store:
    episode, the plan phase (this process: reading and hashing every source frame), the load +
    encode work one core does (the write phase minus the committer's share) and the committer's own
    append (the same encoded episodes appended again in one transaction) give the projection for
-   ``--project-episodes`` episodes of ``--project-frames`` frames on 8 and 64 cores: plan + max(load / cores, commit) + Ray start-up.
+   ``--project-episodes`` episodes of ``--project-frames`` frames on 8 and 64 cores:
+   plan + max(load / cores, commit) + Ray start-up.
 
     python benchmarks/ingest.py [--episodes 10000] [--ingest-episodes 400] [--rounds 3] [--json [PATH]]
-        [--source-codecs zstd lz4] [--parts throughput append umi] [--umi-episodes 12] [--umi-frames 100] [--umi-codecs jpegxl jpeg h264]
+        [--source-codecs zstd lz4] [--parts throughput append umi] [--umi-episodes 12] [--umi-frames 100]
+        [--umi-codecs jpegxl jpeg h264]
 """
 
 from __future__ import annotations

@@ -133,14 +133,19 @@ def open_hdf5(path: Path) -> Any:
 
 # The content hash an ingest records in ``source_sha256`` and skips known episodes by. It identifies
 # content (a rerun, the same file under another name): nothing relies on it against a forger, so
-# it need not be a cryptographic hash, and it must be cheap: sha256 cost half a JPEG encode per
-# 96x96 frame, xxh3-128 a fiftieth (``benchmarks/ingest.py``, "content hash"). Digests carry their
+# it need not be a cryptographic hash, and it must be cheap: sha256 cost 0.8 of a JPEG encode per
+# 96x96 frame, xxh3-128 0.09 (``benchmarks/ingest.py``, "content hash"). Digests carry their
 # algorithm as a prefix ("xxh3_128:<hex>"); a bare 64-digit hex digest is sha256, what stores
 # written before the prefix hold, and an ingest into such a store goes on hashing with sha256 so
 # that a rerun still recognises what is in it.
 CONTENT_HASHES = ("xxh3_128", "sha256")
 DEFAULT_CONTENT_HASH = "xxh3_128"
 _content_hash_algorithm: ContextVar[str] = ContextVar("content_hash_algorithm", default=DEFAULT_CONTENT_HASH)
+
+
+def _check_content_hash(algorithm: str) -> None:
+    if algorithm not in CONTENT_HASHES:
+        raise ValueError(f"content hash {algorithm!r}: expected one of {CONTENT_HASHES}")
 
 
 def digest_algorithm(digest: str) -> str:
@@ -152,8 +157,7 @@ def digest_algorithm(digest: str) -> str:
 @contextmanager
 def using_content_hash(algorithm: str) -> Iterator[None]:
     """Hash with ``algorithm`` (one of :data:`CONTENT_HASHES`) inside this block (this thread)."""
-    if algorithm not in CONTENT_HASHES:
-        raise ValueError(f"content hash {algorithm!r}: expected one of {CONTENT_HASHES}")
+    _check_content_hash(algorithm)
     token = _content_hash_algorithm.set(algorithm)
     try:
         yield
@@ -172,14 +176,13 @@ class ContentHash:
 
     def __init__(self, algorithm: str | None = None) -> None:
         self.algorithm = algorithm or content_hash_algorithm()
+        _check_content_hash(self.algorithm)
         if self.algorithm == "sha256":
             self._digest: Any = hashlib.sha256()
-        elif self.algorithm == "xxh3_128":
+        else:
             import xxhash
 
             self._digest = xxhash.xxh3_128()
-        else:
-            raise ValueError(f"content hash {self.algorithm!r}: expected one of {CONTENT_HASHES}")
 
     def array(self, name: str, value: np.ndarray) -> None:
         value = np.ascontiguousarray(value)
