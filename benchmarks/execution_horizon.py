@@ -3,18 +3,21 @@ chunk are executed before the policy is asked again (``n_action_steps``), how ma
 pass between an observation and the first action of its chunk (``inference_delay``, a robot that
 keeps moving while the policy computes), how many denoising steps it takes from how much starting
 noise (``noise_scale``, a diffusion policy's sampling temperature), and whether the chunks are
-temporally ensembled (ACT: a chunk every step, the overlapping predictions averaged), on one or
-more sets of initial states (evaluation seeds).
+temporally ensembled (ACT: a chunk every step, the overlapping predictions averaged) or chosen
+among several samples by their coherence with the previous chunk (``chunk_samples``, Bidirectional
+Decoding's backward coherence), on one or more sets of initial states (evaluation seeds).
 
     python benchmarks/execution_horizon.py CHECKPOINT --task pusht --n-action-steps 8 4 --seeds 0 1 2
     python benchmarks/execution_horizon.py CHECKPOINT --n-action-steps 4 --inference-delays 0 2 4
     python benchmarks/execution_horizon.py CHECKPOINT --n-action-steps 8 --temporal-ensembles off 0 0.1
     python benchmarks/execution_horizon.py CHECKPOINT --n-action-steps 8 --noise-scales 1 0.5 0
+    python benchmarks/execution_horizon.py CHECKPOINT --n-action-steps 8 --chunk-samples 1 16
     python benchmarks/execution_horizon.py ... --record docs/results/NAME --policy "what it is"
 
 Training is untouched: these are inference settings of the saved policy (``load_policy``'s
 ``num_inference_steps``, ``Policy.n_action_steps``, ``Policy.inference_delay``,
-``Policy.temporal_ensemble``, ``Policy.noise_scale``). A table on screen, JSON to
+``Policy.temporal_ensemble``, ``Policy.noise_scale``, ``Policy.chunk_samples``,
+``Policy.coherence_decay``). A table on screen, JSON to
 ``benchmarks/results/execution_horizon.json`` (``--json PATH`` to choose). ``--record DIR`` also
 writes a results record: every rollout (``rollouts.csv``), ``summary.json`` whose ``headline`` rows
 pool each setting's seeds (Wilson interval for success, the evaluator's for the other metrics),
@@ -56,14 +59,18 @@ def _short_label(pooled: dict[str, Any]) -> str:
     else:
         first = f"{pooled['n_action_steps']} executed\ndelay {pooled['inference_delay']}"
     noise = "" if pooled["noise_scale"] is None else f"\nnoise x{pooled['noise_scale']:g}"
-    return f"{first}\n{pooled['inference_steps']} denoising steps{noise}"
+    best = "" if pooled["chunk_samples"] == 1 else f"\nbest of {pooled['chunk_samples']}"
+    return f"{first}{best}\n{pooled['inference_steps']} denoising steps{noise}"
 
 
-def _execution(n_action_steps: int, delay: int, ensemble: float | None) -> str:
+def _execution(
+    n_action_steps: int, delay: int, ensemble: float | None, chunk_samples: int = 1, decay: float = 0.5
+) -> str:
     """How the chunks are executed, for tables and labels."""
     if ensemble is not None:
         return f"ensembled every step (decay {ensemble:g})"
-    return f"{n_action_steps} actions executed per chunk, delay {delay}"
+    chosen = "" if chunk_samples == 1 else f", the most coherent of {chunk_samples} (decay {decay:g})"
+    return f"{n_action_steps} actions executed per chunk, delay {delay}{chosen}"
 
 
 def write_record(
@@ -81,15 +88,16 @@ def write_record(
     rollouts.to_csv(out / "rollouts.csv", index=False)
     metrics = [m for m in ("max_coverage", "score") if m in rollouts.columns]
     headline, pooled = [], []
-    settings = ["n_action_steps", "inference_delay", "temporal_ensemble", "inference_steps", "noise_scale"]
-    for (n_action, delay, ensemble, n_inference, noise), group in rollouts.groupby(settings, sort=False):
+    settings = ["n_action_steps", "inference_delay", "temporal_ensemble", "chunk_samples", "inference_steps", "noise_scale"]  # fmt: skip
+    for (n_action, delay, ensemble, samples, n_inference, noise), group in rollouts.groupby(settings, sort=False):  # fmt: skip
         successes, n = int(group["success"].sum()), len(group)
         low, high = wilson_interval(successes, n)
         ensemble = None if ensemble == "off" else float(ensemble)
         noise = None if noise == "n/a" else float(noise)
-        execution = _execution(int(n_action), int(delay), ensemble)
+        execution = _execution(int(n_action), int(delay), ensemble, int(samples), args.coherence_decay)
         sampling = f"{n_inference} denoising steps" + ("" if noise is None else f", noise scale {noise:g}")
         entry = {"n_action_steps": int(n_action), "inference_delay": int(delay), "temporal_ensemble": ensemble,
+                 "chunk_samples": int(samples), "coherence_decay": args.coherence_decay,
                  "inference_steps": int(n_inference), "noise_scale": noise, "execution": execution, "n_rollouts": n,
                  "seeds": sorted(int(s) for s in group["eval_seed"].unique()),
                  "success_rate": successes / n, "success_ci": [low, high]}  # fmt: skip
@@ -172,6 +180,14 @@ def main(argv: list[str] | None = None) -> int:
         help="'off' (execute chunks) or a decay: a chunk every step, overlapping predictions averaged "
         "with weights exp(-decay * age), 0 the plain mean (ignores --n-action-steps; no delay)",
     )  # fmt: skip
+    parser.add_argument(
+        "--chunk-samples", type=int, nargs="+", default=[1], metavar="K",
+        help="candidate chunks per replan, the one most coherent with the previous chunk kept (1: none)",
+    )  # fmt: skip
+    parser.add_argument(
+        "--coherence-decay", type=float, default=0.5,
+        help="weight decay ** i of the i-th step shared with the previous chunk (with --chunk-samples)",
+    )  # fmt: skip
     parser.add_argument("--inference-steps", type=int, nargs="+", default=[None])
     parser.add_argument(
         "--noise-scales", type=float, nargs="+", default=[None], metavar="SCALE",
@@ -200,7 +216,7 @@ def main(argv: list[str] | None = None) -> int:
     import torch
     from demoscale.eval import evaluate
     from demoscale.policies import load_policy
-    from demoscale.policies.base import check_execution
+    from demoscale.policies.base import check_chunk_selection, check_execution
 
     torch.set_num_threads(args.threads)
     started = time.perf_counter()
@@ -217,9 +233,9 @@ def main(argv: list[str] | None = None) -> int:
     settings = []
     grid = product(
         args.inference_steps, args.noise_scales, args.n_action_steps, args.inference_delays,
-        args.temporal_ensembles, args.seeds,
+        args.temporal_ensembles, args.chunk_samples, args.seeds,
     )  # fmt: skip
-    for inference_steps, noise_scale, n_action_steps, delay, ensemble, seed in grid:
+    for inference_steps, noise_scale, n_action_steps, delay, ensemble, samples, seed in grid:
         if ensemble is not None:
             n_action_steps = 1  # the ensembler's: one action per prediction
         try:
@@ -228,15 +244,24 @@ def main(argv: list[str] | None = None) -> int:
             what = "temporal ensembling" if ensemble is not None else f"{n_action_steps} executed"
             print(f"skipped: {what} with delay {delay}: {error}", flush=True)
             continue
-        setting = (inference_steps, noise_scale, n_action_steps, delay, ensemble, seed)
+        try:
+            check_chunk_selection(samples, args.coherence_decay, n_action_steps, horizon, ensemble)
+        except ValueError as error:
+            if samples < 1 or not 0 < args.coherence_decay <= 1:
+                raise SystemExit(f"--chunk-samples {samples}: {error}") from None
+            what = "temporal ensembling" if ensemble is not None else f"{n_action_steps} executed"
+            print(f"skipped: {what} with {samples} chunk samples: {error}", flush=True)
+            continue
+        setting = (inference_steps, noise_scale, n_action_steps, delay, ensemble, samples, seed)
         if setting not in settings:
             settings.append(setting)
     if not settings:
         raise SystemExit("no setting fits the chunk (see above)")
-    for inference_steps, noise_scale, n_action_steps, inference_delay, ensemble, seed in settings:
+    for inference_steps, noise_scale, n_action_steps, inference_delay, ensemble, samples, seed in settings:
         policy = load_policy(args.checkpoint, num_inference_steps=inference_steps)
         policy.n_action_steps, policy.inference_delay = n_action_steps, inference_delay
         policy.temporal_ensemble = ensemble
+        policy.chunk_samples, policy.coherence_decay = samples, args.coherence_decay
         if noise_scale is not None:
             policy.noise_scale = noise_scale
         result = evaluate(
@@ -259,6 +284,7 @@ def main(argv: list[str] | None = None) -> int:
             "n_action_steps": n_action_steps,
             "inference_delay": inference_delay,
             "temporal_ensemble": "off" if ensemble is None else ensemble,
+            "chunk_samples": samples,
             "inference_steps": policy.num_inference_steps,
             "noise_scale": "n/a" if policy.noise_scale is None else policy.noise_scale,
             "seed": seed,
@@ -275,6 +301,7 @@ def main(argv: list[str] | None = None) -> int:
                 n_action_steps=n_action_steps,
                 inference_delay=inference_delay,
                 temporal_ensemble="off" if ensemble is None else str(ensemble),
+                chunk_samples=samples,
                 inference_steps=policy.num_inference_steps,
                 noise_scale="n/a" if policy.noise_scale is None else policy.noise_scale,
                 eval_seed=seed,

@@ -156,6 +156,11 @@ class PolicyActor:
     chunk's prediction for that step (:class:`~demoscale.policies.inference.TemporalEnsembler`:
     weight ``exp(-decay * age)``, age 0 the newest chunk; 0 is the plain mean, a negative decay
     favours older chunks). It replans every step, so it takes no ``n_action_steps`` and no delay.
+
+    With the policy's ``chunk_samples`` k > 1, each replan samples k chunks per slot (one batch of k
+    times the windows) and keeps the one most coherent with the slot's previous chunk
+    (:func:`~demoscale.policies.inference.most_coherent`, weights ``coherence_decay ** i``); the
+    first chunk of a rollout is the first sample.
     """
 
     def __init__(self, policy, name: str) -> None:
@@ -167,14 +172,24 @@ class PolicyActor:
         self.temporal_ensemble = None if decay is None else float(decay)
         if self.temporal_ensemble is not None:
             self.n_action_steps = 1  # one action per prediction
+        self.chunk_samples = int(getattr(policy, "chunk_samples", 1))
+        self.coherence_decay = float(getattr(policy, "coherence_decay", 0.5))
         if self.inference_delay or self.temporal_ensemble is not None:
             from demoscale.policies.base import check_execution
 
             check_execution(
                 int(policy.horizon), self.n_action_steps, self.inference_delay, self.temporal_ensemble
             )
+        if self.chunk_samples != 1:
+            from demoscale.policies.base import check_chunk_selection
+
+            check_chunk_selection(
+                self.chunk_samples, self.coherence_decay, self.n_action_steps, int(policy.horizon),
+                self.temporal_ensemble,
+            )  # fmt: skip
         self.previous: dict[int, np.ndarray | None] = {}  # slot -> its last chunk (for the delay)
         self.ensemblers: dict[int, Any] = {}  # slot -> its chunks (temporal ensembling)
+        self.kept: dict[int, np.ndarray | None] = {}  # slot -> its last chosen chunk (chunk_samples)
         self.obs_offsets = {k: [int(o) for o in v] for k, v in policy.obs_offsets.items()}
         bad = {k: v for k, v in self.obs_offsets.items() if any(o > 0 for o in v)}
         if bad:
@@ -182,10 +197,28 @@ class PolicyActor:
 
     def start(self, slot: int, env, seed: int) -> None:
         self.previous[slot] = None
+        self.kept[slot] = None
         if self.temporal_ensemble is not None:
             from demoscale.policies.inference import TemporalEnsembler
 
             self.ensemblers[slot] = TemporalEnsembler(self.temporal_ensemble)
+
+    def _select(self, slots: list[int], candidates: np.ndarray) -> np.ndarray:
+        """Per slot, the candidate chunk most coherent with the slot's previous one (which ran
+        ``n_action_steps`` steps ago: every replan follows that many executed actions)."""
+        from demoscale.policies.inference import most_coherent
+
+        chosen = []
+        for slot, options in zip(slots, candidates, strict=True):
+            previous = self.kept.get(slot)
+            index = (
+                0
+                if previous is None
+                else most_coherent(options, previous, self.n_action_steps, self.coherence_decay)
+            )
+            self.kept[slot] = options[index]
+            chosen.append(options[index])
+        return np.stack(chosen)
 
     def window(self, history: Sequence[Mapping[str, np.ndarray]]) -> dict[str, np.ndarray]:
         """The policy's observation window at the end of ``history`` (frames before the first
@@ -198,11 +231,16 @@ class PolicyActor:
 
     def chunks(self, slots: list[int], histories: Mapping[int, list[dict]], seed: int) -> list[np.ndarray]:
         windows = [self.window(histories[s]) for s in slots]
+        k = self.chunk_samples
+        if k > 1:
+            windows = [w for w in windows for _ in range(k)]  # k candidates per slot, side by side
         batch = {key: np.stack([w[key] for w in windows]) for key in self.obs_offsets}
         if hasattr(self.policy, "predict_action_batch"):
             actions = np.asarray(self.policy.predict_action_batch(batch, seed=seed))
         else:
             actions = np.stack([np.asarray(self.policy.predict_action(w)) for w in windows])
+        if k > 1:
+            actions = self._select(slots, actions.reshape(len(slots), k, *actions.shape[1:]))
         if self.temporal_ensemble is not None:
             out = []
             for slot, chunk in zip(slots, actions, strict=True):

@@ -162,6 +162,36 @@ def check_noise_scale(noise_scale: float) -> None:
         )
 
 
+def check_chunk_selection(
+    chunk_samples: int,
+    coherence_decay: float,
+    n_action_steps: int,
+    horizon: int,
+    temporal_ensemble: float | None,
+) -> None:
+    """Raise ValueError unless ``chunk_samples`` candidate chunks per replan, kept by their coherence
+    with the previous chunk (weights ``coherence_decay ** i`` over the shared steps), can run with
+    this execution: at least one candidate, a decay in (0, 1], a previous chunk that still covers a
+    step of the next one (``n_action_steps < horizon``), and chunks rather than temporal ensembling
+    (which averages every chunk instead of keeping one)."""
+    if not (isinstance(chunk_samples, int) and chunk_samples >= 1):
+        raise ValueError(f"chunk_samples must be an integer >= 1 (1: no selection), got {chunk_samples!r}")
+    if not (isinstance(coherence_decay, int | float) and 0 < coherence_decay <= 1):
+        raise ValueError(f"coherence_decay must be in (0, 1], got {coherence_decay!r}")
+    if chunk_samples == 1:
+        return
+    if temporal_ensemble is not None:
+        raise ValueError(
+            f"chunk_samples {chunk_samples} keeps one candidate chunk; it does not combine with temporal "
+            "ensembling, which averages every chunk"
+        )
+    if n_action_steps >= horizon:
+        raise ValueError(
+            f"chunk_samples {chunk_samples} needs chunks that overlap: n_action_steps {n_action_steps} "
+            f"leaves no action of a {horizon}-action chunk to compare the next one with"
+        )
+
+
 def check_network(network: Any, family: str) -> None:
     """Raise TypeError naming what a family's network (or its config) lacks of the contract."""
     missing = [name for name in NETWORK_MEMBERS if not hasattr(network, name)]

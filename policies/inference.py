@@ -31,6 +31,14 @@ class Policy:
         temporal_ensemble: ``None`` (execute chunks) or a :class:`TemporalEnsembler` decay: rollouts
             then predict a chunk at every step and act on the average of the overlapping
             predictions (ACT's temporal ensembling). An inference setting, ``None`` when loaded.
+        chunk_samples: candidate chunks sampled per replan in rollouts (1: the one sample). Above 1,
+            the rollout keeps the candidate most coherent with the previous chunk (see
+            :func:`most_coherent`; Bidirectional Decoding's backward coherence, Liu et al. 2024):
+            a way to commit to the mode already under way instead of switching between modes
+            from one chunk to the next. Costs ``chunk_samples`` times the sampling. An inference
+            setting, 1 when loaded.
+        coherence_decay: the weight ``coherence_decay ** i`` of the i-th shared step in that
+            comparison (0.5: the nearest steps count most).
         noise_scale: the sampler's starting-noise scale (``DiffusionConfig.noise_scale``,
             ``WBVIMAConfig.noise_scale``: the saved config's value, changeable here); ``None`` for
             families whose sampler has none.
@@ -51,6 +59,8 @@ class Policy:
         self.n_action_steps = int(config.n_action_steps)
         self.inference_delay = int(getattr(config, "inference_delay", 0))  # older checkpoints: none
         self.temporal_ensemble: float | None = None
+        self.chunk_samples = 1
+        self.coherence_decay = 0.5
         default_steps = getattr(config, "num_inference_steps", None)  # only iterative samplers have one
         self.num_inference_steps = num_inference_steps or (int(default_steps) if default_steps else None)
         self.action_dim = int(network.action_dim)
@@ -110,6 +120,24 @@ class Policy:
                 f"observation window lacks keys {missing} (the policy observes {sorted(self.obs_offsets)})"
             )
         return self.predict_action_batch(obs, seed=seed)[0]
+
+
+def most_coherent(candidates: np.ndarray, previous: np.ndarray, shift: int, decay: float = 0.5) -> int:
+    """The index of the candidate chunk (``candidates``: (n, horizon, action_dim)) that agrees best
+    with ``previous``, the chunk predicted ``shift`` control steps earlier: candidate action i is for
+    the step of previous action ``shift + i``. Distance: the Euclidean distance in action units per
+    shared step, weighted ``decay ** i`` (so the steps about to run count most), as Bidirectional
+    Decoding's backward coherence."""
+    candidates, previous = np.asarray(candidates, float), np.asarray(previous, float)
+    shared = previous.shape[0] - shift
+    if shared < 1 or shared > candidates.shape[1]:
+        raise ValueError(
+            f"a chunk of {previous.shape[0]} actions {shift} steps earlier shares no step with chunks of "
+            f"{candidates.shape[1]}"
+        )
+    distances = np.linalg.norm(candidates[:, :shared] - previous[None, shift:], axis=-1)
+    weights = decay ** np.arange(shared)
+    return int(np.argmin(distances @ (weights / weights.sum())))
 
 
 class TemporalEnsembler:

@@ -57,3 +57,25 @@ def test_noise_scales_are_settings_of_the_record(tmp_path: Path, run_benchmark) 
         "execution_horizon.py", str(FIXTURE), "--task", "reach", "--noise-scales", "-1", check=False
     )
     assert bad.returncode != 0 and "noise_scale must be a finite number >= 0" in bad.stderr
+
+
+def test_chunk_samples_are_settings_of_the_record(tmp_path: Path, run_benchmark) -> None:
+    """Candidates kept by coherence need chunks that overlap: 4 executed of 4 is skipped, named."""
+    record = tmp_path / "record"
+    result = run_benchmark(
+        "execution_horizon.py", str(FIXTURE), "--task", "reach", "--split", "train", "--envs", "1",
+        "--episodes", "1", "--n-action-steps", "2", "4", "--chunk-samples", "1", "3", "--threads", "1",
+        "--json", str(tmp_path / "out.json"), "--record", str(record), "--policy", "fixture",
+    )  # fmt: skip
+    assert "skipped: 4 executed with 3 chunk samples" in result.stdout
+    rows = json.loads((tmp_path / "out.json").read_text())["rows"]
+    assert [(row["n_action_steps"], row["chunk_samples"]) for row in rows] == [(2, 1), (2, 3), (4, 1)]
+    summary = json.loads((record / "summary.json").read_text())
+    assert [p["chunk_samples"] for p in summary["pooled"]] == [1, 3, 1]
+    assert "fixture; 2 actions executed per chunk, delay 0, the most coherent of 3 (decay 0.5), 4 denoising steps, noise scale 1" in {
+        row["policy"] for row in summary["headline"]
+    }  # fmt: skip
+    bad = run_benchmark(
+        "execution_horizon.py", str(FIXTURE), "--task", "reach", "--chunk-samples", "0", check=False
+    )
+    assert bad.returncode != 0 and "chunk_samples must be an integer >= 1" in bad.stderr

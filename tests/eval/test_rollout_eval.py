@@ -369,3 +369,74 @@ def test_temporal_ensembling_refuses_an_inference_delay() -> None:
     policy.temporal_ensemble = 0.0
     with pytest.raises(ValueError, match="does not combine with an inference delay"):
         PolicyActor(policy, "counting")
+
+
+class CandidatePolicy:
+    """A policy stand-in whose chunks are constant: call c's candidate j (of each window's k) holds
+    ``values[c][j]`` (slot 1 adds 100), to show which candidate the actor keeps."""
+
+    def __init__(self, values: list[list[float]], n_action_steps: int = 4, horizon: int = 8) -> None:
+        self.obs_offsets = {"state": [0]}
+        self.horizon, self.n_action_steps, self.inference_delay = horizon, n_action_steps, 0
+        self.values, self.calls = values, 0
+        self.chunk_samples, self.coherence_decay = len(values[0]), 0.5
+
+    def predict_action_batch(self, windows, seed=None) -> np.ndarray:
+        k, rows = self.chunk_samples, len(windows["state"])
+        values = np.asarray(self.values[self.calls], float)
+        self.calls += 1
+        flat = np.concatenate([values + 100 * (row // k) for row in range(0, rows, k)])
+        return np.repeat(flat[:, None, None], self.horizon, axis=1)
+
+
+def test_chunk_samples_keep_the_candidate_nearest_the_previous_chunk() -> None:
+    from demoscale.eval.rollout import PolicyActor
+
+    # The first chunk is the first sample (3); then the nearest to the chunk before: 2.5, then 2.2.
+    policy = CandidatePolicy([[3, 7, 1, 8], [10, 2.5, 4, -5], [0, 2.2, 6, 3.3]])
+    actor = PolicyActor(policy, "candidates")
+    for slot in (0, 1):
+        actor.start(slot, None, 0)
+    history = {0: [{"state": np.zeros(2)}], 1: [{"state": np.zeros(2)}]}
+    executed = {0: [], 1: []}
+    for _ in range(3):
+        for slot, chunk in zip([0, 1], actor.chunks([0, 1], history, seed=0), strict=True):
+            assert chunk.shape == (4, 1)  # n_action_steps of the kept candidate
+            executed[slot] += chunk[:, 0].tolist()
+    assert executed[0] == [3.0] * 4 + [2.5] * 4 + [2.2] * 4
+    assert executed[1] == [103.0] * 4 + [102.5] * 4 + [102.2] * 4  # each slot against its own chunk
+    # A new rollout in the slot starts again from the first sample.
+    policy.values.append([9, 0, 0, 0])
+    actor.start(0, None, 0)
+    assert actor.chunks([0], {0: history[0]}, seed=0)[0][:, 0].tolist() == [9.0] * 4
+
+
+def test_most_coherent_weighs_the_nearest_shared_steps_most() -> None:
+    from demoscale.policies.inference import most_coherent
+
+    previous = np.zeros((8, 2))
+    # Shifted by 6, candidates share 2 steps with it: A is off at the first, B at the second.
+    a = np.zeros((8, 2))
+    a[0] = 1.0
+    b = np.zeros((8, 2))
+    b[1] = 1.0
+    assert most_coherent(np.stack([a, b]), previous, shift=6, decay=0.5) == 1
+    assert most_coherent(np.stack([b, a]), previous, shift=6, decay=0.5) == 0
+    with pytest.raises(ValueError, match="shares no step"):
+        most_coherent(np.stack([a, b]), previous, shift=8)
+
+
+def test_chunk_samples_refuse_settings_they_cannot_serve() -> None:
+    from demoscale.eval.rollout import PolicyActor
+
+    policy = CandidatePolicy([[0.0, 1.0]], n_action_steps=8)
+    with pytest.raises(ValueError, match="needs chunks that overlap"):
+        PolicyActor(policy, "candidates")
+    policy = CandidatePolicy([[0.0, 1.0]])
+    policy.temporal_ensemble = 0.0
+    with pytest.raises(ValueError, match="does not combine with temporal ensembling"):
+        PolicyActor(policy, "candidates")
+    policy = CandidatePolicy([[0.0, 1.0]])
+    policy.coherence_decay = 0.0
+    with pytest.raises(ValueError, match="coherence_decay must be in"):
+        PolicyActor(policy, "candidates")
