@@ -524,23 +524,15 @@ def _final_rollouts(experiment: Experiment, folder: Path, label: str) -> Any:
 def bootstrap_difference(
     arm: list[Any], reference: list[Any], metric: str, confidence: float, draws: int = 4000, seed: int = 0
 ) -> tuple[float, float, float]:
-    """Difference of the pooled mean ``metric`` (arm minus reference) with a bootstrap interval:
-    each draw resamples the seeds of each side (when it has several), then the rollouts of each
-    drawn seed. ``arm`` and ``reference`` are lists of per-seed rollout tables."""
-    import numpy as np
+    """Difference of the pooled mean ``metric`` (arm minus reference) with a bootstrap interval over
+    seeds and rollouts (:func:`~demoscale.scaling.bootstrap.mean_difference_interval`). ``arm`` and
+    ``reference`` are lists of per-seed rollout tables."""
+    from demoscale.scaling.bootstrap import mean_difference_interval
 
-    rng = np.random.default_rng(seed)
-
-    def pooled(tables: list[Any]) -> float:
-        return float(np.concatenate([t[metric].to_numpy(float) for t in tables]).mean())
-
-    def draw(tables: list[Any]) -> float:
-        values = [tables[i][metric].to_numpy(float) for i in rng.integers(0, len(tables), len(tables))]
-        return float(np.concatenate([v[rng.integers(0, len(v), len(v))] for v in values]).mean())
-
-    differences = np.array([draw(arm) - draw(reference) for _ in range(draws)])
-    low, high = np.quantile(differences, [(1 - confidence) / 2, (1 + confidence) / 2])
-    return pooled(arm) - pooled(reference), float(low), float(high)
+    return mean_difference_interval(
+        [t[metric].to_numpy(float) for t in arm], [t[metric].to_numpy(float) for t in reference],
+        confidence, draws=draws, seed=seed,
+    )  # fmt: skip
 
 
 def compare_variants(experiment: Experiment, out: Path, args: argparse.Namespace) -> None:

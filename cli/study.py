@@ -554,6 +554,19 @@ def run_plan(config: StudyConfig, plan: PlanToRun, out: Path, resume: bool, addr
     return run_sweep(sweep, address=address, resume=resume and finished).results
 
 
+def plan_difference(out: Path, confidence: float) -> tuple[float, float, float]:
+    """The recommended plan's mean score minus the alternative's, with a bootstrap interval over
+    seeds and rollouts (from the plans' recorded rollouts in ``out/sweeps/plan_*``)."""
+    import pandas as pd
+    from demoscale.scaling.bootstrap import mean_difference_interval
+
+    def per_seed(label: str) -> list[Any]:
+        rollouts = pd.read_csv(out / "sweeps" / f"plan_{label}" / "rollouts.csv")
+        return [group["score"].to_numpy(float) for _, group in rollouts.groupby("trial_id", sort=True)]
+
+    return mean_difference_interval(per_seed("recommended"), per_seed("alternative"), confidence)
+
+
 # --- the whole study --------------------------------------------------------------------------------
 @dataclass
 class StudyReport:
@@ -630,6 +643,8 @@ def run_study(
         "alternative_per_seed": [float(v) for v in alternative_results["score"]],
     }
     validation["recommended_beats_alternative"] = validation["achieved"] > validation["alternative_achieved"]
+    difference, low, high = plan_difference(out, config.confidence)
+    validation.update(difference=difference, difference_ci=[low, high], difference_level=config.confidence)
     total = time.perf_counter() - started
     with stages.run("report", "summary.json, report.md, figures"):
         summary = _summary(config, analysis, compute, joint, saving, sequential, recommendation,
@@ -751,6 +766,23 @@ def _plan_words(recommendation: Any) -> dict[str, Any]:
             "expected_score": None if plan is None else float(plan.expected_score)}  # fmt: skip
 
 
+def _validation_text(v: dict[str, Any], cost_unit: str) -> str:
+    """The report's account of the plans carried out (``summary["validation"]``)."""
+    inside = "inside" if v["inside_interval"] else "outside"
+    beats = "beats" if v["recommended_beats_alternative"] else "does not beat"
+    low, high = v["difference_ci"]
+    # A difference whose interval holds zero is a tie, whichever plan scored higher.
+    tie = "; the interval holds zero: a tie within the noise" if low <= 0 <= high else ""
+    return f"""We ran {v["asked"]}: **{v["plan"]["n_pairs"]} pairs x {v["plan"]["demos_per_pair"]} demos**
+({cost_unit}{v["plan"]["cost"]:,.0f}), collected on fresh training ids, trained and evaluated as above.
+Predicted score {v["predicted"]:.3f}, {v["level"]:.0%} {v["interval"]} interval [{v["predicted_low"]:.3f}, {v["predicted_high"]:.3f}];
+**achieved {v["achieved"]:.3f}** (seeds {", ".join(f"{s:.3f}" for s in v["achieved_per_seed"])}): {inside} the interval.
+The equal-cost alternative, **{v["alternative_plan"]["n_pairs"]} pairs x {v["alternative_plan"]["demos_per_pair"]} demos**
+({cost_unit}{v["alternative_plan"]["cost"]:,.0f}), achieved {v["alternative_achieved"]:.3f}: the recommendation {beats} it
+(difference {v["difference"]:+.3f}, {v["difference_level"]:.0%} interval [{v["difference_ci"][0]:+.3f}, {v["difference_ci"][1]:+.3f}]
+over seeds and rollouts{tie})."""
+
+
 def _report(config: StudyConfig, summary: dict[str, Any], analysis, recommendation, plots, out: Path) -> str:
     """The two-minute read for a PI."""
     import os
@@ -770,8 +802,6 @@ def _report(config: StudyConfig, summary: dict[str, Any], analysis, recommendati
     q = summary["sequential"]
     pngs = [p for p in plots if str(p).endswith(".png")]
     figures = "\n".join(f"![{p.stem}]({os.path.relpath(p, out)})" for p in pngs[:1])
-    inside = "inside" if v["inside_interval"] else "outside"
-    beats = "beats" if v["recommended_beats_alternative"] else "does not beat"
     joint = summary["joint"]
     joint_text = joint if isinstance(joint, str) else f"`{joint['equation']}` ({joint['n_trials']} trials)"
     per_axis_trials = {axis: int(summary["axes"][axis]["n_trials"]) for axis in AXES}
@@ -812,12 +842,7 @@ Trials per axis: {per_axis_trials}. {figures}
 ## The recommendation, carried out
 {recommendation.status.upper()}: {recommendation.message}
 
-We ran {v["asked"]}: **{v["plan"]["n_pairs"]} pairs x {v["plan"]["demos_per_pair"]} demos**
-({config.cost_unit}{v["plan"]["cost"]:,.0f}), collected on fresh training ids, trained and evaluated as above.
-Predicted score {v["predicted"]:.3f}, {v["level"]:.0%} {v["interval"]} interval [{v["predicted_low"]:.3f}, {v["predicted_high"]:.3f}];
-**achieved {v["achieved"]:.3f}** (seeds {", ".join(f"{s:.3f}" for s in v["achieved_per_seed"])}): {inside} the interval.
-The equal-cost alternative, **{v["alternative_plan"]["n_pairs"]} pairs x {v["alternative_plan"]["demos_per_pair"]} demos**
-({config.cost_unit}{v["alternative_plan"]["cost"]:,.0f}), achieved {v["alternative_achieved"]:.3f}: the recommendation {beats} it.
+{_validation_text(v, config.cost_unit)}
 
 ## Cheaper evaluation
 Sequential allocation (stop a trial once the interval of {_SCALE_WORDS[q.get("scale", "score")]} is within +-{q["halfwidth"]:g}, at least

@@ -19,6 +19,7 @@ each row, so intervals carry both sources of noise. Modes:
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -174,3 +175,30 @@ def bootstrap_interval(
     if kind == "percentile":
         return percentile_interval(draws, confidence)
     raise ValueError(f"bootstrap interval kind {kind!r} unknown (bc, percentile)")
+
+
+def mean_difference_interval(
+    arm: Sequence[np.ndarray],
+    reference: Sequence[np.ndarray],
+    confidence: float,
+    draws: int = 4000,
+    seed: int = 0,
+) -> tuple[float, float, float]:
+    """The difference of pooled mean outcomes (``arm`` minus ``reference``), with a two-stage
+    bootstrap percentile interval at ``confidence``: each draw resamples each side's seeds (its
+    per-seed arrays of rollout outcomes, when it has several), then the rollouts of every drawn
+    seed. Returns (difference, low, high)."""
+    arm = [np.asarray(values, float) for values in arm]
+    reference = [np.asarray(values, float) for values in reference]
+    if not arm or not reference or any(v.size == 0 for v in (*arm, *reference)):
+        raise ValueError("both sides need at least one seed with at least one rollout")
+    rng = np.random.default_rng(seed)
+
+    def draw(groups: list[np.ndarray]) -> float:
+        chosen = [groups[i] for i in rng.integers(0, len(groups), len(groups))]
+        return float(np.concatenate([v[rng.integers(0, v.size, v.size)] for v in chosen]).mean())
+
+    differences = np.array([draw(arm) - draw(reference) for _ in range(draws)])
+    low, high = np.quantile(differences, [(1 - confidence) / 2, (1 + confidence) / 2])
+    estimate = float(np.concatenate(arm).mean() - np.concatenate(reference).mean())
+    return estimate, float(low), float(high)

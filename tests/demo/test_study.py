@@ -20,6 +20,7 @@ from demoscale.study import (
     eval_spec,
     load_study_config,
     plan_cost,
+    plan_difference,
     sequential_replay,
     study_stores,
     substudy_sweeps,
@@ -110,6 +111,40 @@ def test_the_alternative_plan_costs_what_the_recommendation_costs() -> None:
     assert asked
 
 
+def test_the_plans_difference_has_an_interval_over_seeds_and_rollouts(tmp_path: Path) -> None:
+    """From the plans' rollout tables as the study writes them (one trial per seed): a difference
+    whose interval holds zero is reported as a tie, one that excludes it is not."""
+    from demoscale.scaling.bootstrap import mean_difference_interval
+    from demoscale.study import _validation_text
+
+    rng = np.random.default_rng(3)
+    scores = {"recommended": [rng.uniform(0.6, 1.0, 60), rng.uniform(0.6, 1.0, 60)],
+              "alternative": [rng.uniform(0.62, 1.0, 60), rng.uniform(0.62, 1.0, 60)]}  # fmt: skip
+    for label, seeds in scores.items():
+        folder = tmp_path / "sweeps" / f"plan_{label}"
+        folder.mkdir(parents=True)
+        pd.concat(
+            [pd.DataFrame({"trial_id": f"{label}-s{seed}", "rollout_index": range(60), "score": values})
+             for seed, values in enumerate(seeds)], ignore_index=True,
+        ).to_csv(folder / "rollouts.csv", index=False)  # fmt: skip
+    difference, low, high = plan_difference(tmp_path, 0.9)
+    assert (difference, low, high) == mean_difference_interval(
+        scores["recommended"], scores["alternative"], 0.9
+    )
+    assert difference == pytest.approx(np.mean(scores["recommended"]) - np.mean(scores["alternative"]))
+    validation = {"asked": "the plan", "plan": {"n_pairs": 64, "demos_per_pair": 6, "cost": 2624.0},
+                  "predicted": 0.76, "level": 0.8, "interval": "prediction", "predicted_low": 0.46,
+                  "predicted_high": 0.9, "achieved": 0.81, "achieved_per_seed": [0.83, 0.79], "inside_interval": True,
+                  "alternative_plan": {"n_pairs": 32, "demos_per_pair": 47, "cost": 2624.0},
+                  "alternative_achieved": 0.84, "recommended_beats_alternative": False,
+                  "difference": difference, "difference_ci": [low, high], "difference_level": 0.9}  # fmt: skip
+    assert low < 0 < high
+    assert "does not beat it" in _validation_text(validation, "$")
+    assert "a tie within the noise" in _validation_text(validation, "$")
+    validation["difference_ci"] = [-0.09, -0.01]
+    assert "a tie" not in _validation_text(validation, "$")
+
+
 def test_print_config_and_bad_keys(capsys) -> None:
     from demoscale.study import main
 
@@ -148,7 +183,7 @@ def test_a_killed_study_resumes_and_reruns_only_unfinished_trials(tmp_path: Path
     for axis in AXES:
         assert set(summary["axes"][axis]) >= {"alpha", "alpha_ci", "r", "preferred_law"}
     assert {"plan", "predicted", "predicted_low", "predicted_high", "achieved", "alternative_plan",
-            "alternative_achieved"} <= set(summary["validation"])  # fmt: skip
+            "alternative_achieved", "difference", "difference_ci"} <= set(summary["validation"])  # fmt: skip
     assert 0 <= summary["rollouts_saved_fraction"] < 1 and summary["wall_minutes"] > 0
     assert summary["headline"] and (out / "report.md").exists()
     assert list((out / "plots").glob("study_overview*.png"))
