@@ -12,7 +12,11 @@ Decoding's backward coherence), on one or more sets of initial states (evaluatio
     python benchmarks/execution_horizon.py CHECKPOINT --n-action-steps 8 --temporal-ensembles off 0 0.1
     python benchmarks/execution_horizon.py CHECKPOINT --n-action-steps 8 --noise-scales 1 0.5 0
     python benchmarks/execution_horizon.py CHECKPOINT --n-action-steps 8 --chunk-samples 1 16
+    python benchmarks/execution_horizon.py CKPT_A CKPT_B CKPT_C --noise-scales 0.5   # an ensemble
     python benchmarks/execution_horizon.py ... --record docs/results/NAME --policy "what it is"
+
+Several checkpoints are rolled out as one ensemble (``load_ensemble``: diffusion trainings of one
+recipe averaging their predictions at every denoising step).
 
 Training is untouched: these are inference settings of the saved policy (``load_policy``'s
 ``num_inference_steps``, ``Policy.n_action_steps``, ``Policy.inference_delay``,
@@ -118,7 +122,7 @@ def write_record(
         ["git", "rev-parse", "HEAD"], capture_output=True, text=True, cwd=ROOT
     ).stdout.strip()
     summary = {
-        "name": out.name, "task": args.task, "checkpoint": args.checkpoint, "command": command, "commit": commit,
+        "name": out.name, "task": args.task, "checkpoint": " ".join(args.checkpoint), "command": command, "commit": commit,
         "machine": {"cpus": os.cpu_count(), "torch": torch.__version__, "torch_threads": args.threads},
         "eval_minutes": round(minutes, 2), "train_minutes": args.train_minutes, "per_seed": rows,
         "pooled": pooled, "headline": headline,
@@ -151,7 +155,7 @@ def write_record(
     lines = [f"# {out.name}", "", args.policy + ": one checkpoint rolled out with different execution settings.", "",
              "```bash", command, "```", "",
              f"Commit `{commit}`; {summary['machine']['cpus']} CPUs, {args.threads} torch thread(s); evaluation "
-             f"{minutes:.1f} min (no training: checkpoint `{args.checkpoint}`).", "", "![figure](figure.png)", "",
+             f"{minutes:.1f} min (no training: checkpoint `{' '.join(args.checkpoint)}`).", "", "![figure](figure.png)", "",
              "| execution | denoising steps | noise scale | rollouts (seeds) | success | mean max coverage |",
              "| --- | --- | --- | --- | --- | --- |"]  # fmt: skip
     for p in pooled:
@@ -168,7 +172,11 @@ def write_record(
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("checkpoint")
+    parser.add_argument(
+        "checkpoint",
+        nargs="+",
+        help="a checkpoint, or several diffusion checkpoints denoising as one ensemble",
+    )
     parser.add_argument("--task", default=None, help="default: the task the checkpoint's data recorded")
     parser.add_argument("--n-action-steps", type=int, nargs="+", default=[8, 4])
     parser.add_argument(
@@ -217,12 +225,21 @@ def main(argv: list[str] | None = None) -> int:
     from demoscale.eval import evaluate
     from demoscale.policies import load_policy
     from demoscale.policies.base import check_chunk_selection, check_execution
+    from demoscale.policies.ensemble import load_ensemble
+
+    def load(num_inference_steps: int | None = None) -> Any:
+        if len(args.checkpoint) == 1:
+            return load_policy(args.checkpoint[0], num_inference_steps=num_inference_steps)
+        try:
+            return load_ensemble(args.checkpoint, num_inference_steps=num_inference_steps)
+        except ValueError as error:
+            raise SystemExit(f"these checkpoints do not make an ensemble: {error}") from None
 
     torch.set_num_threads(args.threads)
     started = time.perf_counter()
     rows, frames = [], []
     # Every combination that fits the chunk, checked before anything runs; the others are said and skipped.
-    loaded = load_policy(args.checkpoint)
+    loaded = load()
     horizon = loaded.horizon
     for noise_scale in args.noise_scales:
         if noise_scale is not None:
@@ -258,7 +275,7 @@ def main(argv: list[str] | None = None) -> int:
     if not settings:
         raise SystemExit("no setting fits the chunk (see above)")
     for inference_steps, noise_scale, n_action_steps, inference_delay, ensemble, samples, seed in settings:
-        policy = load_policy(args.checkpoint, num_inference_steps=inference_steps)
+        policy = load(inference_steps)
         policy.n_action_steps, policy.inference_delay = n_action_steps, inference_delay
         policy.temporal_ensemble = ensemble
         policy.chunk_samples, policy.coherence_decay = samples, args.coherence_decay
@@ -313,7 +330,7 @@ def main(argv: list[str] | None = None) -> int:
     print("\n| " + " | ".join(columns) + " |\n|" + " --- |" * len(columns))
     for row in rows:
         print("| " + " | ".join(str(row.get(column, "")) for column in columns) + " |")
-    emit_json("execution_horizon", {"checkpoint": args.checkpoint, "rows": rows}, args.json)
+    emit_json("execution_horizon", {"checkpoint": " ".join(args.checkpoint), "rows": rows}, args.json)
     if args.record:
         write_record(Path(args.record), args, rows, pd.concat(frames, ignore_index=True), minutes)
     return 0

@@ -1,7 +1,8 @@
 """Policies: observation encoders, the policy families, the Lightning layer, training and inference.
 
 Public entry points: :func:`train` (what ``demoscale train fit`` runs), :func:`load_policy`
-(checkpoint -> :class:`Policy` with ``predict_action``), the family contract and registry
+(checkpoint -> :class:`Policy` with ``predict_action``), :func:`load_ensemble` (several diffusion
+checkpoints -> one :class:`Policy` denoising with all of them), the family contract and registry
 (:class:`PolicyNetwork`, :class:`PolicyConfig`, :class:`PolicyFamily`, :func:`register_family`,
 :func:`get_family`), the reusable building blocks
 (:mod:`~demoscale.policies.encoders`, :mod:`~demoscale.policies.normalize`,
@@ -18,6 +19,7 @@ __all__ = [
     "train",
     "TrainResult",
     "load_policy",
+    "load_ensemble",
     "load_checkpoint",
     "CheckpointError",
     "Policy",
@@ -38,6 +40,7 @@ _LAZY = {
     "train": "demoscale.policies.training",
     "TrainResult": "demoscale.policies.training",
     "load_policy": "demoscale.policies.inference",
+    "load_ensemble": "demoscale.policies.ensemble",
     "load_checkpoint": "demoscale.policies.checkpoints",
     "CheckpointError": "demoscale.policies.checkpoints",
     "Policy": "demoscale.policies.inference",
@@ -61,6 +64,7 @@ if TYPE_CHECKING:
     from demoscale.policies.diffusion.config import DiffusionConfig
     from demoscale.policies.diffusion.lightning import DiffusionPolicyModule
     from demoscale.policies.diffusion.model import DiffusionPolicy
+    from demoscale.policies.ensemble import load_ensemble
     from demoscale.policies.families import PolicyFamily, get_family, register_family
     from demoscale.policies.inference import Policy, TemporalEnsembler, load_policy
     from demoscale.policies.lightning_module import PolicyModule

@@ -224,19 +224,38 @@ class DiffusionPolicy(PolicyNetworkBase):
     ) -> torch.Tensor:
         """Denoise a chunk for an already encoded condition (``encode(obs)``); ``obs`` supplies the
         latest pose for relative actions. The executor's fast module."""
-        scheduler = make_scheduler(self.config)  # a fresh one: set_timesteps mutates scheduler state
-        scheduler.set_timesteps(num_inference_steps or self.num_inference_steps, device=cond.device)
-        sample = torch.randn(
+        sample = sample_chunk(
+            self.config,
             (cond.shape[0], self.config.horizon, self.model_action_dim),
-            generator=generator,
-            device=cond.device,
+            lambda noisy, step: self.denoiser(noisy, step, cond).float(),
+            cond.device,
+            num_inference_steps or self.num_inference_steps,
+            generator,
         )
-        if self.config.noise_scale != 1.0:  # a lower sampling temperature (see DiffusionConfig)
-            sample = sample * self.config.noise_scale
-        for step in scheduler.timesteps:
-            model_output = self.denoiser(sample, step.to(cond.device), cond).float()
-            sample = scheduler.step(model_output, step, sample, generator=generator).prev_sample
         return self.action_from_model(sample, obs)
+
+
+def sample_chunk(
+    config: DiffusionConfig,
+    shape: tuple[int, ...],
+    predict: Any,
+    device: torch.device,
+    num_inference_steps: int,
+    generator: torch.Generator | None = None,
+) -> torch.Tensor:
+    """Run the config's sampler from noise of ``shape`` (times ``config.noise_scale``) to a chunk in
+    the model's normalised action space; ``predict(noisy, step)`` is the denoiser's output (noise or
+    sample, as the config's ``prediction_type``) at each of the ``num_inference_steps`` steps."""
+    scheduler = make_scheduler(config)  # a fresh one: set_timesteps mutates scheduler state
+    scheduler.set_timesteps(num_inference_steps, device=device)
+    sample = torch.randn(shape, generator=generator, device=device)
+    if config.noise_scale != 1.0:  # a lower sampling temperature (see DiffusionConfig)
+        sample = sample * config.noise_scale
+    for step in scheduler.timesteps:
+        sample = scheduler.step(
+            predict(sample, step.to(device)), step, sample, generator=generator
+        ).prev_sample
+    return sample
 
 
 def low_dim_view_layout(config: DiffusionConfig, key: str, size: int) -> list[tuple[int, str]]:

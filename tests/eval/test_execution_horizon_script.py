@@ -79,3 +79,27 @@ def test_chunk_samples_are_settings_of_the_record(tmp_path: Path, run_benchmark)
         "execution_horizon.py", str(FIXTURE), "--task", "reach", "--chunk-samples", "0", check=False
     )
     assert bad.returncode != 0 and "chunk_samples must be an integer >= 1" in bad.stderr
+
+
+def test_several_checkpoints_roll_out_as_one_ensemble(tmp_path: Path, run_benchmark) -> None:
+    """The fixture with a copy of itself denoises exactly as the fixture alone (same rollout, same
+    score); checkpoints that cannot be averaged exit with the reason."""
+    import shutil
+
+    copy = tmp_path / "copy.ckpt"
+    shutil.copy(FIXTURE, copy)
+    common = ["--task", "reach", "--split", "train", "--envs", "1", "--episodes", "1", "--n-action-steps", "2",
+              "--threads", "1"]  # fmt: skip
+    run_benchmark("execution_horizon.py", str(FIXTURE), *common, "--json", str(tmp_path / "one.json"))
+    run_benchmark(
+        "execution_horizon.py", str(FIXTURE), str(copy), *common, "--json", str(tmp_path / "two.json"),
+        "--record", str(tmp_path / "record"),
+    )  # fmt: skip
+    one = json.loads((tmp_path / "one.json").read_text())
+    two = json.loads((tmp_path / "two.json").read_text())
+    assert two["checkpoint"] == f"{FIXTURE} {copy}"
+    assert two["rows"] == one["rows"]
+    assert json.loads((tmp_path / "record" / "summary.json").read_text())["checkpoint"] == f"{FIXTURE} {copy}"
+    wbvima = FIXTURE.parent / "wbvima.ckpt"
+    bad = run_benchmark("execution_horizon.py", str(FIXTURE), str(wbvima), *common, check=False)
+    assert bad.returncode != 0 and "do not make an ensemble" in bad.stderr and "wbvima.ckpt" in bad.stderr
