@@ -187,9 +187,8 @@ class PolicyActor:
                 self.chunk_samples, self.coherence_decay, self.n_action_steps, int(policy.horizon),
                 self.temporal_ensemble,
             )  # fmt: skip
-        self.previous: dict[int, np.ndarray | None] = {}  # slot -> its last chunk (for the delay)
+        self.previous: dict[int, np.ndarray | None] = {}  # slot -> its last chunk (delay, chunk_samples)
         self.ensemblers: dict[int, Any] = {}  # slot -> its chunks (temporal ensembling)
-        self.kept: dict[int, np.ndarray | None] = {}  # slot -> its last chosen chunk (chunk_samples)
         self.obs_offsets = {k: [int(o) for o in v] for k, v in policy.obs_offsets.items()}
         bad = {k: v for k, v in self.obs_offsets.items() if any(o > 0 for o in v)}
         if bad:
@@ -197,27 +196,25 @@ class PolicyActor:
 
     def start(self, slot: int, env, seed: int) -> None:
         self.previous[slot] = None
-        self.kept[slot] = None
         if self.temporal_ensemble is not None:
             from demoscale.policies.inference import TemporalEnsembler
 
             self.ensemblers[slot] = TemporalEnsembler(self.temporal_ensemble)
 
     def _select(self, slots: list[int], candidates: np.ndarray) -> np.ndarray:
-        """Per slot, the candidate chunk most coherent with the slot's previous one (which ran
+        """Per slot, the candidate chunk most coherent with the slot's previous chunk (which ran
         ``n_action_steps`` steps ago: every replan follows that many executed actions)."""
         from demoscale.policies.inference import most_coherent
 
         chosen = []
         for slot, options in zip(slots, candidates, strict=True):
-            previous = self.kept.get(slot)
-            index = (
-                0
-                if previous is None
-                else most_coherent(options, previous, self.n_action_steps, self.coherence_decay)
+            previous = self.previous.get(slot)
+            shift = self.n_action_steps
+            chosen.append(
+                options[
+                    0 if previous is None else most_coherent(options, previous, shift, self.coherence_decay)
+                ]
             )
-            self.kept[slot] = options[index]
-            chosen.append(options[index])
         return np.stack(chosen)
 
     def window(self, history: Sequence[Mapping[str, np.ndarray]]) -> dict[str, np.ndarray]:
@@ -249,14 +246,13 @@ class PolicyActor:
                 out.append(self.ensemblers[slot].action(step)[None])
             return out
         n, delay = self.n_action_steps, self.inference_delay
-        if not delay:
-            return [a[:n] for a in actions]
         out = []
         for slot, chunk in zip(slots, actions, strict=True):
             previous, self.previous[slot] = self.previous.get(slot), chunk
-            out.append(
-                chunk[:n] if previous is None else np.concatenate([previous[n : n + delay], chunk[delay:n]])
-            )
+            if delay and previous is not None:  # the previous chunk runs on until this one arrives
+                out.append(np.concatenate([previous[n : n + delay], chunk[delay:n]]))
+            else:
+                out.append(chunk[:n])
         return out
 
 
