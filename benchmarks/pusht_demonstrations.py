@@ -103,6 +103,7 @@ def summarise(rows: list[dict[str, Any]], success_coverage: float) -> dict[str, 
 def write_record(out: Path, args: argparse.Namespace, rows: list[dict], pooled: dict, minutes: float) -> None:
     import matplotlib
     import pandas as pd
+    from demoscale.eval.pusht import SUCCESS_COVERAGE
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
@@ -142,8 +143,13 @@ def write_record(out: Path, args: argparse.Namespace, rows: list[dict], pooled: 
         values = np.asarray(values, float)
         drawn = np.clip(values, low, 1.0)
         ax.hist(drawn, bins=bins, weights=np.full(len(values), 1 / len(values)), color="#4c72b0")
-        ax.axvline(0.95, color="#c44e52", linestyle="--", label="success: coverage 0.95")
-        ax.set_title(f"{label} (n={len(values)}; {np.mean(values >= 0.95):.0%} at >= 0.95)", fontsize=9)
+        ax.axvline(
+            SUCCESS_COVERAGE, color="#c44e52", linestyle="--", label=f"success: coverage {SUCCESS_COVERAGE:g}"
+        )
+        ax.set_title(
+            f"{label} (n={len(values)}; {np.mean(values >= SUCCESS_COVERAGE):.0%} at >= {SUCCESS_COVERAGE:g})",
+            fontsize=9,
+        )
         ax.set_ylabel("fraction")
     axes[0, 0].legend(fontsize=8, loc="upper left")
     axes[-1, 0].set_xlabel(f"coverage of the goal T (leftmost bin: below {low + 0.005:.3g})")
