@@ -23,16 +23,22 @@ label; one whose actions are the next recorded pose (UMI) labels the executed, n
 ``phase`` attribute: the whole-body experts' ``drive``, ``reach``, ``gripper``, ``hold``, ``tuck``;
 the tabletop experts' ``approach``, ``push``, ``close``, ...), e.g. off the path while the base
 drives and on it while the hand touches.
+
+``expert_options`` go to the task's expert (``env.expert(seed, **expert_options)``): the
+whole-body experts take the half-widths of where their base stops at the shelf (``standoff_range``,
+``lateral_range``, ``yaw_range``), so demonstrations can reach from the spread of places a
+policy's own base stops at, not only from the expert's own few centimetres.
 """
 
 from __future__ import annotations
 
 import os
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass, field
 from multiprocessing import get_context
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 from demoscale.eval.ids import env_ids, object_ids, pair_ids
@@ -71,8 +77,25 @@ class CollectResult:
         return sum(p.successes for p in self.pairs) / attempts if attempts else float("nan")
 
 
+def make_expert(env, seed: int, expert_options: Mapping[str, Any] | None = None):
+    """``env.expert(seed, **expert_options)``; options the task's expert does not take are refused
+    by name (ValueError)."""
+    if not expert_options:
+        return env.expert(seed)
+    try:
+        return env.expert(seed, **expert_options)
+    except TypeError as error:
+        raise ValueError(
+            f"expert_options {sorted(expert_options)}: the {env.task} expert does not take them ({error})"
+        ) from None
+
+
 def run_expert_episode(
-    env, seed: int, action_noise: float | Sequence[float] = 0.0, noise_phases: Sequence[str] | None = None
+    env,
+    seed: int,
+    action_noise: float | Sequence[float] = 0.0,
+    noise_phases: Sequence[str] | None = None,
+    expert_options: Mapping[str, Any] | None = None,
 ) -> tuple[dict[str, np.ndarray], bool]:
     """Run the scripted expert for one episode; returns (time-major observations + ``action``, success).
 
@@ -82,13 +105,14 @@ def run_expert_episode(
     the environment executes each command plus Gaussian noise (drawn from ``seed``), and ``action``
     still holds the commands (see the module docstring). ``noise_phases`` restricts the noise to the
     steps whose action the expert made in one of these phases (its ``phase`` attribute, e.g. the
-    whole-body experts' ``"drive"``); experts without one raise ValueError.
+    whole-body experts' ``"drive"``); experts without one raise ValueError. ``expert_options`` go to
+    ``env.expert`` (see the module docstring).
     """
     scale = noise_scale(action_noise)
     phases = None if noise_phases is None else set(noise_phases)
     noise = np.random.default_rng([int(seed), 0x0DA127])
     obs = env.reset(seed)
-    expert = env.expert(seed)
+    expert = make_expert(env, seed, expert_options)
     if phases is not None and not hasattr(expert, "phase"):
         raise ValueError(
             f"noise_phases {sorted(phases)} needs an expert that reports its phase; "
@@ -144,9 +168,11 @@ def collect_pair(
     env_options: dict | None = None,
     action_noise: float | Sequence[float] = 0.0,
     noise_phases: Sequence[str] | None = None,
+    expert_options: Mapping[str, Any] | None = None,
 ) -> PairResult:
     """Collect ``demos`` demonstrations of one pair and write them in the task's raw format
-    (``action_noise``, ``noise_phases``: see the module docstring and :func:`run_expert_episode`)."""
+    (``action_noise``, ``noise_phases``, ``expert_options``: see the module docstring and
+    :func:`run_expert_episode`)."""
     definition = get_task(task)
     env = definition.make_env(env_id, object_id, image_size=image_size, **(env_options or {}))
     episodes, attempts, successes = [], 0, 0
@@ -156,7 +182,7 @@ def collect_pair(
     try:
         while len(episodes) < demos and attempts < demos * max_attempts_per_demo:
             episode, success = run_expert_episode(
-                env, _pair_seed(seed, env_id, object_id, attempts), action_noise, noise_phases
+                env, _pair_seed(seed, env_id, object_id, attempts), action_noise, noise_phases, expert_options
             )
             attempts += 1
             successes += success
@@ -207,6 +233,7 @@ def collect_sim(
     pairing: str = "grid",
     action_noise: float | Sequence[float] = 0.0,
     noise_phases: Sequence[str] | None = None,
+    expert_options: Mapping[str, Any] | None = None,
 ) -> CollectResult:
     """Collect scripted demos on the first ``n_envs`` x ``n_objects`` ids of ``split``.
 
@@ -219,6 +246,7 @@ def collect_sim(
     the data-scaling-laws study's recommended layout. ``action_noise`` > 0 perturbs every executed
     expert command by Gaussian noise of that standard deviation (DART; see the module docstring),
     in every step or, with ``noise_phases``, only while the expert is in one of those phases.
+    ``expert_options`` go to the task's expert (checked on the first pair before anything runs).
     """
     from tqdm.auto import tqdm
 
@@ -246,9 +274,17 @@ def collect_sim(
             env_options=env_options,
             action_noise=action_noise,
             noise_phases=list(noise_phases) if noise_phases is not None else None,
+            expert_options=dict(expert_options) if expert_options else None,
         )
         for e, o in pairs
     ]
+    if expert_options:  # a wrong option: said now, not once per worker after the pool started
+        env = definition.make_env(*pairs[0], image_size=image_size, **(env_options or {}))
+        try:
+            env.reset(seed)
+            make_expert(env, seed, expert_options)
+        finally:
+            env.close()
     results: list[PairResult] = []
     bar = tqdm(total=len(jobs) * demos_per_pair, desc=f"collect {task}", unit="demo", disable=not progress)
     if workers <= 1:

@@ -60,8 +60,32 @@ def build_parser() -> argparse.ArgumentParser:
         help="inject the action noise only while the expert is in these phases (whole-body experts: "
         "drive, reach, gripper, hold, tuck); default: every step",
     )
+    sim.add_argument(
+        "--expert-option",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="a setting of the task's expert (repeatable), e.g. the whole-body experts' standoff_range, "
+        "lateral_range, yaw_range: half-widths (m, m, rad) of where the base stops at the shelf",
+    )
     sim.add_argument("--json", action="store_true", help="print the summary as JSON")
     return parser
+
+
+def parse_expert_options(items: list[str]) -> dict[str, float]:
+    """``KEY=VALUE`` strings -> {key: float(value)}; ValueError naming a malformed item."""
+    options: dict[str, float] = {}
+    for item in items:
+        key, sep, value = item.partition("=")
+        try:
+            if not (sep and key.strip()):
+                raise ValueError
+            options[key.strip()] = float(value)
+        except ValueError:
+            raise ValueError(
+                f"--expert-option {item!r}: expected KEY=NUMBER, e.g. lateral_range=0.1"
+            ) from None
+    return options
 
 
 def main(argv: list[str]) -> int:
@@ -70,6 +94,7 @@ def main(argv: list[str]) -> int:
 
     options = {"cameras": args.cameras} if args.cameras else None
     try:
+        expert_options = parse_expert_options(args.expert_option)
         result = collect_sim(
             args.task,
             args.envs,
@@ -85,6 +110,7 @@ def main(argv: list[str]) -> int:
             pairing=args.pairing,
             action_noise=args.action_noise[0] if len(args.action_noise) == 1 else args.action_noise,
             noise_phases=args.noise_phases,
+            expert_options=expert_options,
         )
     except (UnknownTaskError, IdRangeError, ValueError) as error:
         print(f"demoscale collect sim: error: {error}", file=sys.stderr)

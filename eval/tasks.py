@@ -59,8 +59,9 @@ class SimEnv(Protocol):
     def success(self) -> bool:
         """Whether the task is accomplished in the current state."""
 
-    def expert(self, seed: int) -> Expert:
-        """A scripted expert for the current episode (call after :meth:`reset`)."""
+    def expert(self, seed: int, **options: Any) -> Expert:
+        """A scripted expert for the current episode (call after :meth:`reset`); ``options`` are the
+        task's own expert settings (collection's ``expert_options``; most tasks take none)."""
 
     def render(self) -> np.ndarray:
         """An RGB frame for videos (uint8 HxWx3)."""

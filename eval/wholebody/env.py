@@ -389,11 +389,12 @@ class WholeBodyEnv:
             ),
         }
 
-    def expert(self, seed: int):
-        """The scripted expert for the current episode (call after :meth:`reset`)."""
+    def expert(self, seed: int, **options: float):
+        """The scripted expert for the current episode (call after :meth:`reset`); ``options``: where
+        its base stops (:class:`~demoscale.eval.wholebody.expert.FetchShelfExpert`'s ranges)."""
         from demoscale.eval.wholebody.expert import FetchShelfExpert
 
-        return FetchShelfExpert(self, seed)
+        return FetchShelfExpert(self, seed, **options)
 
     def close(self) -> None:
         if self._renderer is not None:
@@ -470,11 +471,12 @@ class TouchShelfEnv(WholeBodyEnv):
         """The hand has touched the standing object with the base at the shelf and the torso at height."""
         return bool(self._stages[-1])
 
-    def expert(self, seed: int):
-        """The scripted expert for the current episode (call after :meth:`reset`)."""
+    def expert(self, seed: int, **options: float):
+        """The scripted expert for the current episode (call after :meth:`reset`); ``options``: where
+        its base stops (:class:`~demoscale.eval.wholebody.expert.FetchShelfExpert`'s ranges)."""
         from demoscale.eval.wholebody.expert import TouchShelfExpert
 
-        return TouchShelfExpert(self, seed)
+        return TouchShelfExpert(self, seed, **options)
 
 
 # touch_shelf stage thresholds (see TouchShelfEnv): base centre to the shelf's front edge (m), base

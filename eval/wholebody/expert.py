@@ -101,21 +101,38 @@ class ArmIK:
 class FetchShelfExpert:
     """Scripted demonstrator of ``fetch_shelf``; ``act(obs)`` returns the next 21-dim action."""
 
-    def __init__(self, env: WholeBodyEnv, seed: int) -> None:
+    def __init__(
+        self,
+        env: WholeBodyEnv,
+        seed: int,
+        standoff_range: float = 0.03,
+        lateral_range: float = 0.01,
+        yaw_range: float = 0.04,
+    ) -> None:
+        """``standoff_range``, ``lateral_range`` and ``yaw_range`` are the half-widths (m, m, rad) of
+        the uniform draws of where the base stops at the shelf: the grasp point's distance ahead of
+        the shoulder (around 0.45 m), its offset to the side and the base's heading. Wider ranges
+        show a policy reaches from more of the places its own base may stop at."""
+        limits = {"standoff_range": (standoff_range, 0.3), "lateral_range": (lateral_range, 0.3), "yaw_range": (yaw_range, 0.6)}  # fmt: skip
+        for name, (value, limit) in limits.items():
+            if not 0 <= float(value) < limit:
+                raise ValueError(f"{name} must be in [0, {limit}), got {value!r}")
         self.env = env
         self.rng = np.random.default_rng([env.env_id, env.object_id, int(seed), 29])
         rng = self.rng
         self.speed = rng.uniform(0.8, 1.25)  # > 1: a quicker operator
         self.max_base_speed = rng.uniform(0.35, 0.5)
         self.max_base_accel = rng.uniform(0.04, 0.07)  # m/s per control step
-        self.standoff = 0.45 + rng.uniform(-0.03, 0.03)  # grasp point ahead of the shoulder (m)
-        self.lateral = rng.uniform(-0.01, 0.01)
+        self.standoff = 0.45 + rng.uniform(
+            -standoff_range, standoff_range
+        )  # grasp point ahead of the shoulder (m)
+        self.lateral = rng.uniform(-lateral_range, lateral_range)
         self.grasp_depth = rng.uniform(-0.008, 0.008)
         self.grasp_height = rng.uniform(-0.008, 0.008)
         self.lean = rng.uniform(0.0, 0.25)  # torso bend (rad), compensated so the chest stays level
         self.shoulder_above = rng.uniform(0.12, 0.2)
         self.place_offset = np.array([rng.uniform(0.12, 0.2), rng.uniform(-0.08, 0.08)])
-        self.yaw_offset = rng.uniform(-0.04, 0.04)
+        self.yaw_offset = rng.uniform(-yaw_range, yaw_range)
         self.ik = ArmIK(env, ARM)
         self.action = env.last_action.copy()
         self.done = False  # True once the object is placed and the arm tucked again
@@ -309,8 +326,8 @@ class TouchShelfExpert(FetchShelfExpert):
     recorded episode ends there, as a rollout does.
     """
 
-    def __init__(self, env: WholeBodyEnv, seed: int) -> None:
-        super().__init__(env, seed)
+    def __init__(self, env: WholeBodyEnv, seed: int, **placement: float) -> None:
+        super().__init__(env, seed, **placement)
         # Low on the object (a fraction of its height), so that a tall, narrow one is not tipped over.
         self.touch_height = self.rng.uniform(0.3, 0.5)
         self.reach_past = self.rng.uniform(0.01, 0.025)  # fingertip aim behind the object's face (m)

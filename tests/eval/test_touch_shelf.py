@@ -108,14 +108,18 @@ def test_recording_is_joylo_with_point_clouds_and_ingests(tmp_path) -> None:
     assert apply_capture(recorded, None, None, None)[:2] == ("touch_shelf", 48)
 
 
+WIDE_PLACEMENT = {"standoff_range": 0.1, "lateral_range": 0.15, "yaw_range": 0.15}
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("split", ["train", "unseen"])
-def test_expert_success_rate_over_fifty_episodes(split: str) -> None:
+@pytest.mark.parametrize("placement", [None, WIDE_PLACEMENT], ids=["default", "wide"])
+def test_expert_success_rate_over_fifty_episodes(split: str, placement: dict | None) -> None:
     task = get_task("touch_shelf")
     successes, lengths = 0, []
     for k in range(50):
         env = task.make_env(env_id(split, k), object_id(split, (7 * k) % 50), **NO_RENDER)
-        episode, success = run_expert_episode(env, seed=k)
+        episode, success = run_expert_episode(env, seed=k, expert_options=placement)
         successes += success
         lengths.append(len(episode["action"]))
     assert successes >= 45, f"expert succeeded in {successes}/50 {split} episodes"
@@ -165,3 +169,58 @@ def test_noise_can_be_restricted_to_the_experts_driving() -> None:
     clean, _ = run_expert_episode(make(), seed=k)
     never, _ = run_expert_episode(make(), seed=k, action_noise=base_noise, noise_phases=["no such phase"])
     np.testing.assert_array_equal(never["proprio"], clean["proprio"])
+
+
+def _stop_in_object_frame(env) -> np.ndarray:
+    """Where the base stands when the hand touches: (ahead, aside) of it to the object (m) and its yaw."""
+    x, y, yaw = env.base_pose()
+    offset = env.object_position()[:2] - np.array([x, y])
+    c, s = np.cos(yaw), np.sin(yaw)
+    return np.array([c * offset[0] + s * offset[1], -s * offset[0] + c * offset[1], yaw])
+
+
+def test_the_expert_stops_where_its_placement_ranges_say() -> None:
+    """The default ranges are the expert's own draws (same episode bit for bit); wider ones spread
+    where the base stops (ahead, aside, heading) and the expert still touches from there."""
+    make = partial(get_task("touch_shelf").make_env, env_id("train", 3), object_id("train", 3), **NO_RENDER)
+    plain, _ = run_expert_episode(make(), seed=3)
+    explicit, _ = run_expert_episode(
+        make(), seed=3, expert_options={"standoff_range": 0.03, "lateral_range": 0.01, "yaw_range": 0.04}
+    )
+    np.testing.assert_array_equal(plain["action"], explicit["action"])
+    np.testing.assert_array_equal(plain["proprio"], explicit["proprio"])
+    stops = {}
+    for name, options in (("default", None), ("wide", WIDE_PLACEMENT)):
+        rows = []
+        for seed in range(6):
+            env = make()
+            _, success = run_expert_episode(env, seed=seed, expert_options=options)
+            assert success, (name, seed)
+            rows.append(_stop_in_object_frame(env))
+        stops[name] = np.ptp(np.array(rows), axis=0)
+    # The default spread: ~2 cm aside, ~0.08 rad of heading; the wide one several times that.
+    assert np.all(stops["wide"][1:] > 3 * stops["default"][1:]), stops
+
+
+def test_expert_options_are_checked_by_name() -> None:
+    from demoscale.eval.collect_sim import collect_sim
+
+    env = get_task("touch_shelf").make_env(env_id("train", 3), object_id("train", 3), **NO_RENDER)
+    with pytest.raises(ValueError, match="does not take"):
+        run_expert_episode(env, seed=0, expert_options={"reach_range": 0.1})
+    with pytest.raises(ValueError, match="yaw_range must be in"):
+        run_expert_episode(env, seed=0, expert_options={"yaw_range": 1.0})
+    with pytest.raises(ValueError, match="the pusht expert does not take"):
+        collect_sim("pusht", 1, 1, 1, "unused", expert_options={"lateral_range": 0.1}, progress=False)
+
+
+def test_collect_cli_parses_expert_options() -> None:
+    from demoscale.eval.collect_sim_cli import parse_expert_options
+
+    assert parse_expert_options(["lateral_range=0.1", " yaw_range = 0.2"]) == {
+        "lateral_range": 0.1,
+        "yaw_range": 0.2,
+    }
+    for bad in ("lateral_range", "=0.1", "lateral_range=wide"):
+        with pytest.raises(ValueError, match="KEY=NUMBER"):
+            parse_expert_options([bad])
