@@ -224,7 +224,7 @@ def main(argv: list[str] | None = None) -> int:
     import torch
     from demoscale.eval import evaluate
     from demoscale.policies import load_policy
-    from demoscale.policies.base import check_chunk_selection, check_execution
+    from demoscale.policies.base import check_chunk_samples, check_chunk_selection, check_execution
     from demoscale.policies.ensemble import load_ensemble
 
     def load(num_inference_steps: int | None = None) -> Any:
@@ -247,6 +247,11 @@ def main(argv: list[str] | None = None) -> int:
                 loaded.noise_scale = noise_scale
             except ValueError as error:
                 raise SystemExit(f"--noise-scales {noise_scale:g}: {error}") from None
+    for samples in args.chunk_samples:  # a bad value ends the run; a setting that does not fit is skipped
+        try:
+            check_chunk_samples(samples, args.coherence_decay)
+        except ValueError as error:
+            raise SystemExit(f"--chunk-samples {samples}: {error}") from None
     settings = []
     grid = product(
         args.inference_steps, args.noise_scales, args.n_action_steps, args.inference_delays,
@@ -264,8 +269,6 @@ def main(argv: list[str] | None = None) -> int:
         try:
             check_chunk_selection(samples, args.coherence_decay, n_action_steps, horizon, ensemble)
         except ValueError as error:
-            if samples < 1 or not 0 < args.coherence_decay <= 1:
-                raise SystemExit(f"--chunk-samples {samples}: {error}") from None
             what = "temporal ensembling" if ensemble is not None else f"{n_action_steps} executed"
             print(f"skipped: {what} with {samples} chunk samples: {error}", flush=True)
             continue

@@ -162,6 +162,15 @@ def check_noise_scale(noise_scale: float) -> None:
         )
 
 
+def check_chunk_samples(chunk_samples: int, coherence_decay: float) -> None:
+    """Raise ValueError unless the values themselves are valid, whatever the execution: at least one
+    candidate chunk per replan, a coherence decay in (0, 1]."""
+    if not (isinstance(chunk_samples, int) and chunk_samples >= 1):
+        raise ValueError(f"chunk_samples must be an integer >= 1 (1: no selection), got {chunk_samples!r}")
+    if not (isinstance(coherence_decay, int | float) and 0 < coherence_decay <= 1):
+        raise ValueError(f"coherence_decay must be in (0, 1], got {coherence_decay!r}")
+
+
 def check_chunk_selection(
     chunk_samples: int,
     coherence_decay: float,
@@ -174,10 +183,7 @@ def check_chunk_selection(
     this execution: at least one candidate, a decay in (0, 1], a previous chunk that still covers a
     step of the next one (``n_action_steps < horizon``), and chunks rather than temporal ensembling
     (which averages every chunk instead of keeping one)."""
-    if not (isinstance(chunk_samples, int) and chunk_samples >= 1):
-        raise ValueError(f"chunk_samples must be an integer >= 1 (1: no selection), got {chunk_samples!r}")
-    if not (isinstance(coherence_decay, int | float) and 0 < coherence_decay <= 1):
-        raise ValueError(f"coherence_decay must be in (0, 1], got {coherence_decay!r}")
+    check_chunk_samples(chunk_samples, coherence_decay)
     if chunk_samples == 1:
         return
     if temporal_ensemble is not None:

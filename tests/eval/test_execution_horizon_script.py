@@ -79,6 +79,11 @@ def test_chunk_samples_are_settings_of_the_record(tmp_path: Path, run_benchmark)
         "execution_horizon.py", str(FIXTURE), "--task", "reach", "--chunk-samples", "0", check=False
     )
     assert bad.returncode != 0 and "chunk_samples must be an integer >= 1" in bad.stderr
+    # A bad decay ends the run before anything rolls out, even where no setting would use it.
+    bad = run_benchmark(
+        "execution_horizon.py", str(FIXTURE), "--task", "reach", "--coherence-decay", "1.5", check=False
+    )
+    assert bad.returncode != 0 and "coherence_decay must be in (0, 1]" in bad.stderr
 
 
 def test_several_checkpoints_roll_out_as_one_ensemble(tmp_path: Path, run_benchmark) -> None:
