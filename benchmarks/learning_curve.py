@@ -119,7 +119,42 @@ def load_experiment(path: Path) -> Experiment:
         raise ValueError(f"{path}: variant names must be unique")
     if sorted(set(experiment.checkpoints)) != list(experiment.checkpoints) or min(experiment.checkpoints) < 1:
         raise ValueError(f"{path}: checkpoints must be increasing positive step counts")
+    check_store_recipe(experiment, path)
     return experiment
+
+
+def check_store_recipe(experiment: Experiment, path: Path) -> None:
+    """Raise ValueError unless the experiment says how to build its store with settings the
+    collector or ingester takes, so that a wrong key fails at load, not after other runs made the
+    store or half an hour into a fresh one."""
+    import inspect
+
+    from demoscale.collect import ingest
+    from demoscale.collect.replay_buffer import ingest_replay_buffer
+    from demoscale.eval.collect_sim import check_expert_options, collect_sim
+
+    if (experiment.ingest is None) == (experiment.collect is None):
+        raise ValueError(f"{path}: give exactly one of 'ingest' and 'collect' (how the store is built)")
+    if experiment.collect is not None:
+        accepted = set(inspect.signature(collect_sim).parameters) - {"task", "out_dir", "progress"}
+        unknown = set(experiment.collect) - accepted
+        if unknown:
+            raise ValueError(f"{path}: collect takes {sorted(accepted)}, not {sorted(unknown)}")
+        if experiment.collect.get("expert_options"):
+            check_expert_options(experiment.task, experiment.collect["expert_options"], image_size=32)
+    else:
+        spec = dict(experiment.ingest)
+        if spec.pop("format", None) != "replay-buffer" or not spec.pop("source", None):
+            raise ValueError(f"{path}: ingest needs format: replay-buffer and a source")
+        # Its own keywords and the ingest driver's, which it passes on.
+        accepted = set(inspect.signature(ingest_replay_buffer).parameters) | set(
+            inspect.signature(ingest).parameters
+        )
+        unknown = set(spec) - accepted - {"src", "store", "common"}
+        if unknown:
+            raise ValueError(
+                f"{path}: ingest takes {sorted(accepted - {'src', 'store', 'common'})}, not {sorted(unknown)}"
+            )
 
 
 def _resolve(path: str) -> Path:
@@ -136,16 +171,15 @@ def prepare_store(experiment: Experiment) -> Path:
     store.parent.mkdir(parents=True, exist_ok=True)
     if experiment.ingest is not None:
         spec = dict(experiment.ingest)
-        fmt, source = spec.pop("format"), _resolve(spec.pop("source"))
+        spec.pop("format")  # replay-buffer: checked at load (check_store_recipe)
+        source = _resolve(spec.pop("source"))
         if not source.exists():
             raise FileNotFoundError(f"{experiment.name}: the source {source} to ingest does not exist")
-        if fmt != "replay-buffer":
-            raise ValueError(f"{experiment.name}: ingest format {fmt!r} is not supported here")
         from demoscale.collect.replay_buffer import ingest_replay_buffer
 
         print(f"ingesting {source} -> {store}", flush=True)
         ingest_replay_buffer(source, store, progress=False, **spec)
-    elif experiment.collect is not None:
+    else:  # collect (exactly one of the two: checked at load)
         from demoscale.collect import ingest
         from demoscale.eval import get_task
         from demoscale.eval.collect_sim import collect_sim
@@ -155,10 +189,6 @@ def prepare_store(experiment: Experiment) -> Path:
         collect_sim(experiment.task, out_dir=raw, progress=False, **experiment.collect)
         # The simulator writes the task family's raw format (UMI zips, JoyLo recordings).
         ingest(get_task(experiment.task).source_format, raw, store, progress=False)
-    else:
-        raise FileNotFoundError(
-            f"{experiment.name}: store {store} is absent and nothing says how to build it"
-        )
     return store
 
 

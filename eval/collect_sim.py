@@ -90,6 +90,24 @@ def make_expert(env, seed: int, expert_options: Mapping[str, Any] | None = None)
         ) from None
 
 
+def check_expert_options(
+    task: str,
+    expert_options: Mapping[str, Any],
+    env_id: int = 0,
+    object_id: int = 0,
+    image_size: int = 96,
+    env_options: Mapping[str, Any] | None = None,
+) -> None:
+    """Raise ValueError unless ``task``'s expert takes ``expert_options`` (names and values), by
+    building it once on one pair."""
+    env = get_task(task).make_env(env_id, object_id, image_size=image_size, **(env_options or {}))
+    try:
+        env.reset(0)
+        make_expert(env, 0, expert_options)
+    finally:
+        env.close()
+
+
 def run_expert_episode(
     env,
     seed: int,
@@ -279,12 +297,7 @@ def collect_sim(
         for e, o in pairs
     ]
     if expert_options:  # a wrong option: said now, not once per worker after the pool started
-        env = definition.make_env(*pairs[0], image_size=image_size, **(env_options or {}))
-        try:
-            env.reset(seed)
-            make_expert(env, seed, expert_options)
-        finally:
-            env.close()
+        check_expert_options(definition.name, expert_options, *pairs[0], image_size, env_options)
     results: list[PairResult] = []
     bar = tqdm(total=len(jobs) * demos_per_pair, desc=f"collect {task}", unit="demo", disable=not progress)
     if workers <= 1:

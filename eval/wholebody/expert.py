@@ -123,9 +123,8 @@ class FetchShelfExpert:
         self.speed = rng.uniform(0.8, 1.25)  # > 1: a quicker operator
         self.max_base_speed = rng.uniform(0.35, 0.5)
         self.max_base_accel = rng.uniform(0.04, 0.07)  # m/s per control step
-        self.standoff = 0.45 + rng.uniform(
-            -standoff_range, standoff_range
-        )  # grasp point ahead of the shoulder (m)
+        # The grasp point ahead of the shoulder (m) and to the side when the base stops.
+        self.standoff = 0.45 + rng.uniform(-standoff_range, standoff_range)
         self.lateral = rng.uniform(-lateral_range, lateral_range)
         self.grasp_depth = rng.uniform(-0.008, 0.008)
         self.grasp_height = rng.uniform(-0.008, 0.008)
