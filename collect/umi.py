@@ -10,6 +10,8 @@ The source layout (a Zarr format-2 group inside an uncompressed zip) is::
     data/robot{i}_demo_end_pose       (T, 6) float64, the episode's last pose on every step
     data/camera{i}_rgb                (T, H, W, 3) uint8, one frame per chunk, JPEG-XL
                                       (numcodecs id ``imagecodecs_jpegxl``)
+    data/object{i}_<name>             (T, k) float32, optional: a simulator's state of object i
+                                      (e.g. ``object0_pose``); not UMI's own, carried as low-dim
 
 ``i`` is 0 for single-arm data and 0, 1 for bimanual data.
 
@@ -21,7 +23,9 @@ the same keys, every array time-major with the same length ``T``):
 - ``robot{i}_gripper_width``: (T,) or (T, 1) float, metres;
 - ``camera{i}_rgb``: (T, H, W, 3) uint8 RGB;
 - optional ``robot{i}_demo_start_pose`` / ``robot{i}_demo_end_pose``: (T, 6); when absent they are
-  derived from the episode's first / last ``[eef_pos, eef_rot_axis_angle]``.
+  derived from the episode's first / last ``[eef_pos, eef_rot_axis_angle]``;
+- optional ``object{i}_<name>``: (T, k) float, object state a simulator knows (the tabletop tasks'
+  ``object_state`` option); ingested as a low-dim feature of that name.
 
 Ingestion derives ``action`` = concat over robots of (eef_pos, eef_rot_axis_angle, gripper_width)
 of the *next* frame (the last frame repeats itself): the pose the robot is commanded to reach next.
@@ -66,13 +70,18 @@ _ROBOT_KEY = re.compile(
     r"^robot(\d+)_(eef_pos|eef_rot_axis_angle|gripper_width|demo_start_pose|demo_end_pose)$"
 )
 _CAMERA_KEY = re.compile(r"^camera(\d+)_rgb$")
+_OBJECT_KEY = re.compile(r"^object(\d+)_[a-z0-9_]+$")
 
 
 def _complete_episode(episode: Mapping[str, np.ndarray], index: int) -> dict[str, np.ndarray]:
     """Check one in-memory episode and fill in the demo start/end poses where they are absent."""
-    unknown = [k for k in episode if not (_ROBOT_KEY.match(k) or _CAMERA_KEY.match(k))]
+    unknown = [
+        k for k in episode if not (_ROBOT_KEY.match(k) or _CAMERA_KEY.match(k) or _OBJECT_KEY.match(k))
+    ]
     if unknown:
-        raise ValueError(f"episode {index}: keys {unknown} are not UMI keys (robot<i>_..., camera<i>_rgb)")
+        raise ValueError(
+            f"episode {index}: keys {unknown} are not UMI keys (robot<i>_..., camera<i>_rgb, object<i>_...)"
+        )
     lengths = {key: len(value) for key, value in episode.items()}
     if len(set(lengths.values())) != 1:
         raise ValueError(f"episode {index}: arrays have different lengths {lengths}")
@@ -85,6 +94,12 @@ def _complete_episode(episode: Mapping[str, np.ndarray], index: int) -> dict[str
                 raise ValueError(
                     f"episode {index}: {key} must be (T, H, W, 3) uint8, got {value.dtype} {value.shape}"
                 )
+        if _OBJECT_KEY.match(key):
+            if value.ndim not in (1, 2) or not np.issubdtype(value.dtype, np.floating):
+                raise ValueError(
+                    f"episode {index}: {key} must be (T, k) float, got {value.dtype} {value.shape}"
+                )
+            value = value.reshape(len(value), -1).astype(np.float32)
         out[key] = value
     for robot in robots:
         for part in _ROBOT_LOW_DIM:
@@ -204,9 +219,11 @@ def umi_features(
     cameras: Mapping[int, tuple[int, int]],
     rate_hz: float,
     capture: Mapping[str, Mapping] | None = None,
+    object_state: Mapping[str, int] | None = None,
 ) -> dict:
     """Store features of UMI-style data (also what the simulated tabletop writes); ``capture``
-    (camera key -> what produced it, the zip's ``capture`` attribute) becomes their ``source``."""
+    (camera key -> what produced it, the zip's ``capture`` attribute) becomes their ``source``;
+    ``object_state`` (``object<i>_...`` key -> width) adds the simulator's object-state features."""
     from demoscale.datasets import FeatureSpec
 
     features = {}
@@ -233,6 +250,11 @@ def umi_features(
             features[f"robot{robot}_{part}"] = FeatureSpec(
                 kind="low_dim", shape=shape, dtype=dtype, rate_hz=rate_hz, units=units, frame="world"
             )
+    for key, width in sorted((object_state or {}).items()):
+        features[key] = FeatureSpec(
+            kind="low_dim", shape=(int(width),), dtype="float32", rate_hz=rate_hz, units="simulator state",
+            frame="world",
+        )  # fmt: skip
     features["action"] = FeatureSpec(
         kind="low_dim",
         shape=(7 * len(robots),),
@@ -277,6 +299,12 @@ def _split_keys(info, where: str) -> tuple[list[int], dict[int, tuple[int, int]]
             if int(np.prod(array.shape[1:])) != width or not np.issubdtype(array.dtype, np.floating):
                 raise IngestError(
                     f"{where}: key {name!r} must be (T, {width}) float, got {array.dtype} {array.shape}"
+                )
+            keys.append(name)
+        elif _OBJECT_KEY.match(name):
+            if len(array.shape) != 2 or not np.issubdtype(array.dtype, np.floating):
+                raise IngestError(
+                    f"{where}: key {name!r} must be (T, k) float, got {array.dtype} {array.shape}"
                 )
             keys.append(name)
         else:
@@ -341,7 +369,10 @@ class UmiZipFormat(SourceFormat):
                 else float(root.attrs.get("rate_hz", UMI_RATE_HZ))
             )
             capture = root.attrs.get("capture") or None
-            low_dim = {key: read_checked(root, info, key) for key in keys if key.startswith("robot")}
+            low_dim = {
+                key: read_checked(root, info, key) for key in keys if key.startswith(("robot", "object"))
+            }
+            object_state = {key: int(info.arrays[key].shape[1]) for key in keys if key.startswith("object")}
             for camera in cameras:
                 key = f"camera{camera}_rgb"
                 try:
@@ -361,7 +392,7 @@ class UmiZipFormat(SourceFormat):
                 plans.append(
                     EpisodePlan(f"{path}#episode={episode}", digest.hexdigest(), end - start, load_args, ids)
                 )
-        return SourcePlan(umi_features(robots, cameras, rate_hz, capture), plans)
+        return SourcePlan(umi_features(robots, cameras, rate_hz, capture, object_state), plans)
 
     def load(self, episode: UmiEpisode, want_encoded: bool) -> LoadedEpisode:
         """The episode's arrays (frames decoded, or their JPEG-XL bytes when ``want_encoded``) and action."""
@@ -399,6 +430,9 @@ class UmiZipFormat(SourceFormat):
                     arrays[key] = arrays[key].astype(np.float64, copy=False)
                 else:
                     arrays[key] = np.repeat(pose[row][None].astype(np.float64), end - start, axis=0)
+        for key in episode.keys:
+            if _OBJECT_KEY.match(key):
+                arrays[key] = arrays[key].astype(np.float32, copy=False)
         arrays["action"] = next_pose_action(arrays, episode.robots)
         return arrays, (encoded or None)
 

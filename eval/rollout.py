@@ -284,18 +284,19 @@ def policy_image_size(policy) -> int | None:
 
 def recorded_capture(policy) -> dict[str, dict[str, Any]]:
     """Observed image (or point-cloud) key -> what produced its training data (the feature spec's
-    ``source``: task, camera, image size, environment options), for the keys that recorded it."""
-    captured = {}
+    ``source``: task, camera, image size, environment options), for the keys that recorded it.
+
+    A policy that observes no recorded image (e.g. only the simulator's object state) gets the
+    record of the store's other images: one collection wrote them all, so their task and options
+    (``object_state`` among them) are the ones its observations came from."""
+    captured: dict[str, dict[str, Any]] = {}
+    others: dict[str, dict[str, Any]] = {}
     for key, spec in getattr(policy, "features", {}).items():
         spec = spec if isinstance(spec, Mapping) else vars(spec)
-        kind = spec.get("kind")
-        if (
-            key in getattr(policy, "obs_offsets", {})
-            and kind in ("image", "point_cloud")
-            and spec.get("source")
-        ):
-            captured[key] = dict(spec["source"])
-    return captured
+        if spec.get("kind") in ("image", "point_cloud") and spec.get("source"):
+            observed = key in getattr(policy, "obs_offsets", {})
+            (captured if observed else others)[key] = dict(spec["source"])
+    return captured or others
 
 
 def _describe(key: str, source: Mapping[str, Any]) -> str:

@@ -9,7 +9,10 @@ one 10 Hz control step.
 
 Observations (store keys): ``camera{i}_rgb`` (uint8 HxWx3, one per configured camera; ``wrist``
 is the gripper-mounted camera, ``scene`` a fixed camera over the table), ``robot0_eef_pos`` (3),
-``robot0_eef_rot_axis_angle`` (3) and ``robot0_gripper_width`` (1). The width reported is the
+``robot0_eef_rot_axis_angle`` (3) and ``robot0_gripper_width`` (1); with ``object_state=True``
+also the simulator's own object state: ``object0_pose`` (4: x, y, z in metres, yaw in radians) and
+``object0_goal`` (2: the x, y the task brings the object to, or for ``reach`` where it started), for
+policies that are told where the object is instead of seeing it. The width reported is the
 gripper's set-point (the commanded opening): while an object is held the fingers stay open by the
 object's width, and reporting the set-point keeps "next observed width" equal to the command, so
 ingested ``action`` labels (the next frame's pose and width) replay exactly.
@@ -107,6 +110,8 @@ class TabletopEnv:
     task = "tabletop"
     n_stages = 3
     max_steps = 80
+    # The layout entry ``object0_goal`` reports (see the module docstring).
+    goal_layout_key = "object_start"
     # Workspace region objects are placed in (subclasses narrow it).
     place_low = np.array([-0.12, -0.12])
     place_high = np.array([0.12, 0.12])
@@ -118,6 +123,7 @@ class TabletopEnv:
         image_size: int = 96,
         cameras: Sequence[str] = ("wrist",),
         render: bool = True,
+        object_state: bool = False,
     ) -> None:
         unknown = [c for c in cameras if c not in CAMERAS]
         if unknown or not cameras:
@@ -129,6 +135,7 @@ class TabletopEnv:
         self.image_size = int(image_size)
         self.cameras = tuple(cameras)
         self.render_images = render
+        self.object_state = bool(object_state)
         xml = build_mjcf(
             self.env_params, self.object, self._task_worldbody(), self._task_assets(), self.image_size
         )
@@ -268,6 +275,13 @@ class TabletopEnv:
             "robot0_gripper_width": np.array([self._width], dtype=np.float32),
         }
 
+    def object_state_obs(self) -> dict[str, np.ndarray]:
+        """The privileged object state (``object_state=True``): its pose and the task's goal for it."""
+        return {
+            "object0_pose": np.array([*self.object_pos, self.object_yaw], dtype=np.float32),
+            "object0_goal": np.asarray(self.layout[self.goal_layout_key], dtype=np.float32)[:2].copy(),
+        }
+
     def render_camera(self, camera: str) -> np.ndarray:
         if self._renderer is None:
             self._renderer = OffscreenRenderer(self.model, self.image_size)
@@ -279,6 +293,8 @@ class TabletopEnv:
 
     def observe(self) -> dict[str, np.ndarray]:
         obs = self.low_dim()
+        if self.object_state:
+            obs.update(self.object_state_obs())
         if self.render_images:
             for i, camera in enumerate(self.cameras):
                 obs[f"camera{i}_rgb"] = self.render_camera(camera)

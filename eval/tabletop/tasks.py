@@ -331,6 +331,7 @@ class PushEnv(TabletopEnv):
 
     task = "push"
     max_steps = 100
+    goal_layout_key = "target"
 
     def _task_worldbody(self) -> str:
         return (
@@ -377,6 +378,7 @@ class PickPlaceEnv(TabletopEnv):
 
     task = "pick_place"
     max_steps = 120
+    goal_layout_key = "container"
 
     def _task_worldbody(self) -> str:
         h, t, w = CONTAINER_INNER_HALF, CONTAINER_WALL, CONTAINER_HEIGHT
@@ -437,11 +439,12 @@ def write_umi_demos(
     capture: Mapping[str, Any] | None = None,
 ) -> list[Path]:
     """Write episodes (store keys -> time-major arrays) as one UMI ``dataset.zarr.zip`` in
-    ``directory``; ``capture`` (camera key -> what rendered it) goes into the zip's attributes."""
+    ``directory``; ``capture`` (camera key -> what rendered it) goes into the zip's attributes. The
+    object state of ``object_state=True`` goes in as the zip's ``object<i>_...`` arrays."""
     from demoscale.collect.umi import write_umi_zip
 
     umi_episodes = [
-        {key: value for key, value in episode.items() if key.startswith(("camera", "robot"))}
+        {key: value for key, value in episode.items() if key.startswith(("camera", "robot", "object"))}
         for episode in episodes
     ]
     path = Path(directory) / "dataset.zarr.zip"
