@@ -37,6 +37,7 @@ class WindowSampler:
         episodes: Sequence[int] | None = None,
         preload_bytes: int = DEFAULT_PRELOAD_BYTES,
         waypoint_keys: Sequence[str] | None = None,
+        target_keys: Sequence[str] | None = None,
     ) -> None:
         if isinstance(store, EpisodeStore):
             self._store: EpisodeStore | None = store
@@ -56,16 +57,18 @@ class WindowSampler:
             if not offsets:
                 raise StoreError(f"observation key {key!r} has no frame offsets")
         store_ = self.store
-        for key in [*self.obs_offsets, *self.action_keys]:
+        self.target_keys = list(target_keys or [])
+        for key in [*self.obs_offsets, *self.action_keys, *self.target_keys]:
             if key not in store_.features:
                 raise StoreError(
                     f"{self.location}: unknown key {key!r}; keys are {', '.join(store_.features)}"
                 )
-        for key in self.action_keys:
-            if store_.features[key].kind != "low_dim":
-                raise StoreError(
-                    f"{self.location}: action key {key!r} is {store_.features[key].kind}, not low_dim"
-                )
+        for role, keys in (("action", self.action_keys), ("target", self.target_keys)):
+            for key in keys:
+                if store_.features[key].kind != "low_dim":
+                    raise StoreError(
+                        f"{self.location}: {role} key {key!r} is {store_.features[key].kind}, not low_dim"
+                    )
         n = store_.n_episodes
         chosen = np.arange(n) if episodes is None else np.asarray(list(episodes), dtype=np.int64)
         if len(chosen) and (chosen.min() < 0 or chosen.max() >= n):
@@ -163,6 +166,10 @@ class WindowSampler:
         for key in self.obs_offsets:
             if self.store.features[key].kind == "low_dim":
                 batch["obs"][key] = batch["obs"][key].astype(np.float32, copy=False)
+        if self.target_keys:
+            batch["targets"] = {
+                key: self._read(key, t[:, None]).astype(np.float32, copy=False) for key in self.target_keys
+            }
         if self._next_waypoint is not None:
             following = self._next_waypoint[t]
             batch["waypoint_obs"] = {key: self._read(key, following[:, None]) for key in self.waypoint_keys}
@@ -177,7 +184,8 @@ class WindowSampler:
         ``action`` (horizon, action_dim) float32, ``action_is_pad`` (horizon,), ``episode_index`` (store
         index) and ``frame_index`` (t within the episode); with ``waypoint_keys`` also ``waypoint_obs``
         {key: (1, *shape)} (the frame at the store's ``next_waypoint_index``) and ``waypoint_index``
-        (that frame within the episode)."""
+        (that frame within the episode); with ``target_keys`` also ``targets`` {key: (1, *shape)}
+        float32, the frame ``t`` of keys a policy learns to predict but does not observe."""
         batch = self.sample_many([index])
         return unbatch(batch, 0)
 
@@ -191,6 +199,7 @@ def unbatch(batch: Mapping[str, Any], i: int) -> dict[str, Any]:
         "action_is_pad": batch["action_is_pad"][i],
         "episode_index": int(batch["episode_index"][i]),
         "frame_index": int(batch["frame_index"][i]),
+        **({"targets": {k: v[i] for k, v in batch["targets"].items()}} if "targets" in batch else {}),
         **(
             {
                 "waypoint_obs": {k: v[i] for k, v in batch["waypoint_obs"].items()},

@@ -25,6 +25,10 @@ def _to_torch(sample: Mapping[str, Any]) -> dict[str, Any]:
             k: torch.from_numpy(np.ascontiguousarray(v)) for k, v in sample["waypoint_obs"].items()
         }
         extra["waypoint_index"] = int(sample["waypoint_index"])
+    if "targets" in sample:
+        extra["targets"] = {
+            k: torch.from_numpy(np.ascontiguousarray(v)) for k, v in sample["targets"].items()
+        }
     return extra | {
         "obs": {k: torch.from_numpy(np.ascontiguousarray(v)) for k, v in sample["obs"].items()},
         "obs_is_pad": {k: torch.from_numpy(np.ascontiguousarray(v)) for k, v in sample["obs_is_pad"].items()},
@@ -50,9 +54,10 @@ class EpisodeDataset(Dataset):
         episodes: Sequence[int] | None = None,
         preload_bytes: int = DEFAULT_PRELOAD_BYTES,
         waypoint_keys: Sequence[str] | None = None,
+        target_keys: Sequence[str] | None = None,
     ) -> None:
         self.sampler = WindowSampler(
-            store, obs_offsets, action_keys, horizon, episodes, preload_bytes, waypoint_keys
+            store, obs_offsets, action_keys, horizon, episodes, preload_bytes, waypoint_keys, target_keys
         )
 
     def __len__(self) -> int:
@@ -124,6 +129,8 @@ class EpisodeDataModule(pl.LightningDataModule):
         preload_bytes: low-dim keys up to this total size are held in memory per process.
         waypoint_keys: keys of the next-waypoint frame added to each sample as ``waypoint_obs``
             (needs ``demoscale store label-waypoints``).
+        target_keys: low-dim keys whose current frame is added to each sample as ``targets`` (what a
+            policy learns to predict without observing it, e.g. a simulator's object pose).
     """
 
     def __init__(
@@ -140,6 +147,7 @@ class EpisodeDataModule(pl.LightningDataModule):
         drop_last: bool = False,
         preload_bytes: int = DEFAULT_PRELOAD_BYTES,
         waypoint_keys: list[str] | None = None,
+        target_keys: list[str] | None = None,
     ) -> None:
         super().__init__()
         self.save_hyperparameters()
@@ -155,6 +163,7 @@ class EpisodeDataModule(pl.LightningDataModule):
         self.drop_last = bool(drop_last)
         self.preload_bytes = int(preload_bytes)
         self.waypoint_keys = list(waypoint_keys or [])
+        self.target_keys = list(target_keys or [])
         self._store: EpisodeStore | None = None
         self.train_dataset: EpisodeDataset | None = None
         self.val_dataset: EpisodeDataset | None = None
@@ -209,6 +218,7 @@ class EpisodeDataModule(pl.LightningDataModule):
             episodes,
             self.preload_bytes,
             self.waypoint_keys,
+            self.target_keys,
         )
 
     def setup(self, stage: str | None = None) -> None:

@@ -49,7 +49,8 @@ class PolicyConfig(Protocol):
     rollouts; see :func:`check_execution`; absent = 0), ``num_inference_steps`` (the default of
     iterative samplers, overridable at load time),
     ``waypoint_keys`` (keys of the next-waypoint frame the training samples must carry; empty or
-    absent = none), ``validate()`` (raise ValueError on settings that cannot work; called when the
+    absent = none), ``target_keys`` (low-dim keys whose current frame the training samples carry as
+    ``targets``, predicted but never observed; empty or absent = none), ``validate()`` (raise ValueError on settings that cannot work; called when the
     LightningModule is built, before any data is read).
     """
 

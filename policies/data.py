@@ -65,6 +65,7 @@ class PolicyDataModule(EpisodeDataModule):
         obs_offsets, action_keys, horizon: the window; ``None`` = take the policy's.
         batch_size: the micro-batch (per device); gradient accumulation makes up the global batch.
         waypoint_keys: keys of the next-waypoint frame for a waypoint head (default: the policy's).
+        target_keys: keys the policy learns to predict without observing them (default: the policy's).
         num_workers, val_fraction, seed, episodes, drop_last, preload_bytes: as in
             :class:`~demoscale.datasets.EpisodeDataModule` (``episodes`` selects a subset).
     """
@@ -83,6 +84,7 @@ class PolicyDataModule(EpisodeDataModule):
         drop_last: bool = True,
         preload_bytes: int = DEFAULT_PRELOAD_BYTES,
         waypoint_keys: list[str] | None = None,
+        target_keys: list[str] | None = None,
     ) -> None:
         super().__init__(
             store,
@@ -97,12 +99,14 @@ class PolicyDataModule(EpisodeDataModule):
             drop_last=drop_last,
             preload_bytes=preload_bytes,
             waypoint_keys=waypoint_keys,
+            target_keys=target_keys,
         )
         self._explicit = {
             "obs_offsets": obs_offsets,
             "action_keys": action_keys,
             "horizon": horizon,
             "waypoint_keys": waypoint_keys,
+            "target_keys": target_keys,
         }
         self._window_resolved = False
 
@@ -113,7 +117,9 @@ class PolicyDataModule(EpisodeDataModule):
         window = module.data_window() if module is not None and hasattr(module, "data_window") else None
         if window is None:
             missing = [
-                name for name, value in self._explicit.items() if value is None and name != "waypoint_keys"
+                name
+                for name, value in self._explicit.items()
+                if value is None and name not in ("waypoint_keys", "target_keys")
             ]
             if missing:
                 raise ValueError(f"data.{missing} must be given when the model does not define the window")
@@ -129,6 +135,7 @@ class PolicyDataModule(EpisodeDataModule):
             self.action_keys = list(window["action_keys"])
             self.horizon = int(window["horizon"])
             self.waypoint_keys = list(window.get("waypoint_keys") or self.waypoint_keys)
+            self.target_keys = list(window.get("target_keys") or self.target_keys)
         self._window_resolved = True
 
     def setup(self, stage: str | None = None) -> None:

@@ -205,8 +205,8 @@ class PolicyModule(L.LightningModule):
         return to_plain(self.policy_config)
 
     def data_window(self) -> dict[str, Any] | None:
-        """``{"obs_offsets", "action_keys", "horizon"}`` (+ ``waypoint_keys`` when the config names
-        some) the DataModule should serve."""
+        """``{"obs_offsets", "action_keys", "horizon"}`` (+ ``waypoint_keys`` and ``target_keys``
+        when the config names some) the DataModule should serve."""
         config = self.policy_config
         window: dict[str, Any] = {
             "obs_offsets": {key: list(offsets) for key, offsets in config.obs_offsets.items()},
@@ -216,6 +216,9 @@ class PolicyModule(L.LightningModule):
         waypoint_keys = list(getattr(config, "waypoint_keys", None) or [])
         if waypoint_keys:
             window["waypoint_keys"] = waypoint_keys
+        target_keys = list(getattr(config, "target_keys", None) or [])
+        if target_keys:
+            window["target_keys"] = target_keys
         return window
 
     # -- building ----------------------------------------------------------------------------------

@@ -63,6 +63,13 @@ class DiffusionConfig:
         waypoint_head: add the PIVOT-R-style waypoint head (``policies/waypoint_head.py``; needs the
             store's ``next_waypoint_index``); waypoint_hidden_dims, waypoint_loss_weight: its MLP and
             the weight of its MSE loss.
+        state_targets: low-dim store keys the policy learns to predict from its encoded observation
+            without observing them (key -> entries of the current frame), an auxiliary loss that
+            exists only in training: e.g. ``{"object0_pose": [0, 1, 2]}`` makes an image encoder
+            learn where the object is from a simulator's record of it (the tabletop
+            ``object_state`` option). Inference never reads these keys.
+        state_target_weight, state_target_hidden_dims: the weight of that MSE loss (on targets
+            normalised like observations) and the hidden sizes of the MLP head predicting them.
     """
 
     obs_offsets: dict[str, list[int]] = field(default_factory=lambda: {"camera0_rgb": [-1, 0]})
@@ -100,11 +107,19 @@ class DiffusionConfig:
     waypoint_head: bool = False
     waypoint_hidden_dims: list[int] = field(default_factory=lambda: [256])
     waypoint_loss_weight: float = 1.0
+    state_targets: dict[str, list[int]] = field(default_factory=dict)
+    state_target_weight: float = 1.0
+    state_target_hidden_dims: list[int] = field(default_factory=lambda: [256])
 
     @property
     def waypoint_keys(self) -> list[str]:
         """Keys of the waypoint frame the sampler must return (every observed key with the head)."""
         return list(self.obs_offsets) if self.waypoint_head else []
+
+    @property
+    def target_keys(self) -> list[str]:
+        """Keys whose current frame training samples must carry (the ``state_targets``)."""
+        return list(self.state_targets)
 
     def validate(self) -> None:
         """Raise ValueError on settings that cannot work, before any network is built."""
@@ -139,6 +154,21 @@ class DiffusionConfig:
         for key, indices in self.angle_obs.items():
             if key in self.obs_indices and not set(indices) <= set(self.obs_indices[key]):
                 raise ValueError(f"angle_obs[{key!r}] = {indices} names entries outside obs_indices[{key!r}]")
+        for key, indices in self.state_targets.items():
+            if key in self.obs_offsets:
+                raise ValueError(
+                    f"state_targets names {key!r}, which the policy observes: predict what it does not see"
+                )
+            if not indices or len(set(indices)) != len(indices) or any(i < 0 for i in indices):
+                raise ValueError(
+                    f"state_targets[{key!r}] = {indices}: indices must be distinct, >= 0, not empty"
+                )
+        if self.state_targets and self.waypoint_head:
+            raise ValueError(
+                "state_targets and waypoint_head cannot be combined (each conditions the loss its own way)"
+            )
+        if self.state_target_weight < 0.0:
+            raise ValueError(f"state_target_weight {self.state_target_weight} must be >= 0")
         if self.obs_noise_std < 0.0:
             raise ValueError(f"obs_noise_std {self.obs_noise_std} must be >= 0")
         if not 0.0 < self.image.crop_fraction <= 1.0:

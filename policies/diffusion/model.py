@@ -21,6 +21,7 @@ from demoscale.policies.encoders import ObservationEncoder, feature_to_dict
 from demoscale.policies.mlp_denoiser import ConditionalMLP
 from demoscale.policies.normalize import Normalizer
 from demoscale.policies.unet1d import ConditionalUnet1D
+from torch import nn
 
 ACTION = "action"  # the normaliser key of the (concatenated, possibly relative) action vector
 
@@ -108,7 +109,19 @@ class DiffusionPolicy(PolicyNetworkBase):
         modes = {key: config.obs_norm_mode for key in self.low_dim_keys}
         shapes[ACTION] = [self.model_action_dim]
         modes[ACTION] = config.action_norm_mode
-        self.normalizer = Normalizer(shapes, modes, stats)
+        # Auxiliary targets (training only), normalised like observations in slots of their own,
+        # after every other slot so that checkpoints without them keep their layout.
+        self.state_target_dims: dict[str, int] = {}
+        target_shapes: dict[str, list[int]] = {}
+        for key, indices in config.state_targets.items():
+            if self.features[key]["kind"] != "low_dim" or max(indices) >= _size(self.features[key]["shape"]):
+                raise ValueError(
+                    f"state_targets[{key!r}] = {indices} does not index the low-dim feature {key!r}"
+                )
+            self.state_target_dims[key] = len(indices)
+            target_shapes[state_target_slot(key)] = [len(indices)]
+            modes[state_target_slot(key)] = config.obs_norm_mode
+        self.normalizer = Normalizer({**shapes, **target_shapes}, modes, stats)
         self.obs_encoder = ObservationEncoder(
             self.features,
             self.obs_keys,
@@ -119,6 +132,13 @@ class DiffusionPolicy(PolicyNetworkBase):
             activation_checkpointing=config.activation_checkpointing,
         )
         self.denoiser = make_denoiser(config, self.model_action_dim, self.obs_encoder.output_dim)
+        self.state_head: nn.Module | None = None
+        if self.state_target_dims:
+            self.state_head = mlp_head(
+                self.obs_encoder.output_dim,
+                config.state_target_hidden_dims,
+                sum(self.state_target_dims.values()),
+            )
         self.noise_scheduler = make_scheduler(config)
         self.num_inference_steps = config.num_inference_steps
 
@@ -180,8 +200,42 @@ class DiffusionPolicy(PolicyNetworkBase):
     def compute_losses(
         self, batch: Mapping[str, Any], generator: torch.Generator | None = None
     ) -> dict[str, torch.Tensor]:
-        """Training losses of a batch in the datasets sample format: ``loss`` (denoising)."""
-        return {"loss": self.denoising_loss(batch, self.encode(batch["obs"]), generator)}
+        """Training losses of a batch in the datasets sample format: ``loss`` (denoising); with
+        ``state_targets`` also ``action_loss`` and ``state_loss``, ``loss`` being their weighted sum."""
+        features = self.encode(batch["obs"])
+        action_loss = self.denoising_loss(batch, features, generator)
+        if self.state_head is None:
+            return {"loss": action_loss}
+        state_loss = self.state_target_loss(batch, features)
+        total = action_loss + self.config.state_target_weight * state_loss
+        return {"loss": total, "action_loss": action_loss, "state_loss": state_loss}
+
+    def state_target_loss(self, batch: Mapping[str, Any], features: torch.Tensor) -> torch.Tensor:
+        """MSE of the head's prediction from the encoded observation to the normalised targets."""
+        assert self.state_head is not None
+        if "targets" not in batch:
+            raise KeyError(
+                "state_targets need batch['targets']: build the data with target_keys (the policy's "
+                f"data window does: {sorted(self.state_target_dims)})"
+            )
+        parts = []
+        for key, indices in self.config.state_targets.items():
+            value = batch["targets"][key].float().flatten(2)[..., indices]
+            parts.append(self.normalizer.normalize(state_target_slot(key), value).flatten(1))
+        return F.mse_loss(self.state_head(features).float(), torch.cat(parts, dim=-1))
+
+    @torch.no_grad()
+    def predict_state_targets(self, obs: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+        """The head's estimate of each target (key -> (B, entries), in the store's units)."""
+        if self.state_head is None:
+            return {}
+        prediction = self.state_head(self.encode(obs)).float()
+        out, start = {}, 0
+        for key, size in self.state_target_dims.items():
+            part = prediction[:, start : start + size].unsqueeze(1)
+            out[key] = self.normalizer.unnormalize(state_target_slot(key), part)[:, 0]
+            start += size
+        return out
 
     def denoising_loss(
         self, batch: Mapping[str, Any], cond: torch.Tensor, generator: torch.Generator | None = None
@@ -233,6 +287,20 @@ class DiffusionPolicy(PolicyNetworkBase):
             generator,
         )
         return self.action_from_model(sample, obs)
+
+
+def state_target_slot(key: str) -> str:
+    """The normaliser slot of an auxiliary target (apart from the key's slot, should it be observed)."""
+    return f"target:{key}"
+
+
+def mlp_head(in_dim: int, hidden_dims: Sequence[int], out_dim: int) -> nn.Module:
+    """An MLP (Linear + Mish per hidden size, then Linear) from features to a prediction."""
+    layers: list[nn.Module] = []
+    for hidden in hidden_dims:
+        layers += [nn.Linear(in_dim, hidden), nn.Mish()]
+        in_dim = hidden
+    return nn.Sequential(*layers, nn.Linear(in_dim, out_dim))
 
 
 def sample_chunk(
@@ -309,10 +377,16 @@ def check_keys(config: DiffusionConfig, features: Mapping[str, Any]) -> None:
     features = {key: feature_to_dict(spec) for key, spec in features.items()}
     missing_obs = [key for key in config.obs_offsets if key not in features]
     missing_action = [key for key in config.action_keys if key not in features]
-    if missing_obs or missing_action:
+    missing_targets = [key for key in config.state_targets if key not in features]
+    if missing_obs or missing_action or missing_targets:
+        hint = (
+            " (a simulator's object state: collect with --env-option object_state=true)"
+            if any(key.startswith("object") for key in missing_targets)
+            else ""
+        )
         raise KeyError(
             f"the store lacks keys named by the policy config: observations {missing_obs}, actions "
-            f"{missing_action} (store features: {sorted(features)})"
+            f"{missing_action}, state targets {missing_targets}{hint} (store features: {sorted(features)})"
         )
     for key in config.action_keys:
         if features[key]["kind"] != "low_dim":
@@ -345,6 +419,10 @@ def policy_statistics(
         stats[key] = {
             name: np.asarray([values[i] if kind == "value" else unit[name] for i, kind in layout], np.float32)
             for name, values in stats[key].items()
+        }
+    for key, indices in config.state_targets.items():
+        stats[state_target_slot(key)] = {
+            name: values[indices] for name, values in _float_stats(store.stats(key)).items()
         }
     per_key = [_float_stats(store.stats(key)) for key in config.action_keys]
     stats[ACTION] = {
