@@ -1,0 +1,120 @@
+"""Auxiliary state targets of the diffusion policy: store keys it learns to predict from what it
+observes, never reads at inference (a simulator's object pose, predicted from the camera)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+from conftest import build_tabletop_store, tiny_config
+from demoscale.datasets import EpisodeDataset, EpisodeStore, StoreError, WindowSampler
+from demoscale.policies.config_utils import from_plain
+from demoscale.policies.diffusion.config import DiffusionConfig
+from demoscale.policies.diffusion.model import DiffusionPolicy, policy_statistics, state_target_slot
+
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
+
+# The synthetic store's image shows a bright square at the end effector's x, y: a policy that sees
+# only the image and the gripper can learn that position from the pixels.
+SEES_THE_SQUARE = {
+    "obs_offsets": {"camera0_rgb": [-1, 0], "robot0_gripper_width": [0]},
+    "action_representation": "absolute",
+    "state_targets": {"robot0_eef_pos": [0, 1]},
+}
+
+
+def _config(store, tmp_path, **overrides) -> DiffusionConfig:
+    settings = tiny_config(store, tmp_path)["model"]["init_args"]["policy"]
+    return from_plain(DiffusionConfig, {**settings, **SEES_THE_SQUARE, **overrides})
+
+
+def test_the_sampler_carries_the_current_frame_of_target_keys(tabletop_store) -> None:
+    sampler = WindowSampler(
+        tabletop_store, {"camera0_rgb": [-1, 0]}, ["action"], 4, target_keys=["robot0_eef_pos"]
+    )
+    store = EpisodeStore.open(tabletop_store)
+    batch = sampler.sample_many(np.array([0, 5, 30]))
+    for row, index in enumerate([0, 5, 30]):
+        episode = int(batch["episode_index"][row])
+        frame = int(store.episode_starts[episode]) + int(batch["frame_index"][row])
+        expected = store.read("robot0_eef_pos", frame, frame + 1)
+        np.testing.assert_array_equal(batch["targets"]["robot0_eef_pos"][row], expected)
+        assert sampler.sample(index)["targets"]["robot0_eef_pos"].shape == (1, 3)
+    assert "targets" not in WindowSampler(tabletop_store, {"camera0_rgb": [0]}, ["action"], 4).sample(0)
+    with pytest.raises(StoreError, match="target key 'camera0_rgb' is image"):
+        WindowSampler(tabletop_store, {"robot0_eef_pos": [0]}, ["action"], 4, target_keys=["camera0_rgb"])
+    with pytest.raises(StoreError, match="unknown key 'object0_pose'"):
+        WindowSampler(tabletop_store, {"robot0_eef_pos": [0]}, ["action"], 4, target_keys=["object0_pose"])
+
+
+def test_the_head_learns_from_the_image_what_the_policy_does_not_observe(tmp_path) -> None:
+    path = build_tabletop_store(tmp_path / "tabletop.zarr", n_episodes=3)
+    config = _config(path, tmp_path, state_target_hidden_dims=[64])
+    store = EpisodeStore.open(path)
+    stats = policy_statistics(store, config)
+    np.testing.assert_allclose(
+        stats[state_target_slot("robot0_eef_pos")]["min"], np.ravel(store.stats("robot0_eef_pos")["min"])[:2]
+    )
+    torch.manual_seed(0)
+    policy = DiffusionPolicy(config, store.features, stats)
+    dataset = EpisodeDataset(
+        str(path), config.obs_offsets, config.action_keys, config.horizon, target_keys=config.target_keys
+    )
+    loader = torch.utils.data.DataLoader(dataset, batch_size=8, shuffle=True, drop_last=True)
+    optimizer = torch.optim.AdamW(policy.parameters(), lr=3e-3)
+    history: list[dict[str, float]] = []
+    while len(history) < 40:
+        for batch in loader:
+            losses = policy.compute_losses(batch)
+            assert torch.allclose(losses["loss"], losses["action_loss"] + losses["state_loss"])
+            optimizer.zero_grad()
+            losses["loss"].backward()
+            optimizer.step()
+            history.append({k: float(v) for k, v in losses.items()})
+    first = np.mean([h["state_loss"] for h in history[:3]])
+    last = np.mean([h["state_loss"] for h in history[-3:]])
+    assert last < 0.5 * first, [round(h["state_loss"], 4) for h in history]
+
+    # Inference reads only the observations; the head's estimate comes back in the store's units.
+    policy.eval()
+    batch = next(iter(torch.utils.data.DataLoader(dataset, batch_size=4)))
+    assert policy.predict_action(batch["obs"]).shape == (4, config.horizon, 7)
+    estimate = policy.predict_state_targets(batch["obs"])["robot0_eef_pos"]
+    truth = batch["targets"]["robot0_eef_pos"][:, 0, :2]
+    assert estimate.shape == (4, 2)
+    span = float((truth.max() - truth.min()).clamp_min(1e-3))
+    assert float((estimate - truth).abs().mean()) < span  # in metres, not normalised units
+
+    # Without targets in the batch the loss says what is missing.
+    del batch["targets"]
+    policy.train()
+    with pytest.raises(KeyError, match="target_keys"):
+        policy.compute_losses(batch)
+
+
+def test_training_through_lightning_serves_the_targets(tabletop_store, tmp_path) -> None:
+    from demoscale.policies import load_policy, train
+
+    config = tiny_config(tabletop_store, tmp_path / "run", **SEES_THE_SQUARE)
+    config["trainer"]["max_steps"] = 2
+    config["checkpoint"]["every_n_train_steps"] = 2
+    result = train(config)
+    policy = load_policy(result.checkpoint_path)
+    assert "robot0_eef_pos" not in policy.obs_offsets
+    assert policy.network.state_head is not None
+
+
+def test_settings_that_cannot_work_are_refused(tabletop_store, tmp_path) -> None:
+    with pytest.raises(ValueError, match="which the policy observes"):
+        _config(tabletop_store, tmp_path, state_targets={"robot0_gripper_width": [0]}).validate()
+    with pytest.raises(ValueError, match="cannot be combined"):
+        _config(tabletop_store, tmp_path, waypoint_head=True).validate()
+    with pytest.raises(ValueError, match="indices must be distinct"):
+        _config(tabletop_store, tmp_path, state_targets={"robot0_eef_pos": []}).validate()
+    store = EpisodeStore.open(tabletop_store)
+    missing = _config(tabletop_store, tmp_path, state_targets={"object0_pose": [0, 1]})
+    with pytest.raises(KeyError, match=r"state targets \['object0_pose'\].*object_state=true"):
+        DiffusionPolicy(missing, store.features)
+    beyond = _config(tabletop_store, tmp_path, state_targets={"robot0_eef_pos": [3]})
+    with pytest.raises(ValueError, match="does not index the low-dim feature"):
+        DiffusionPolicy(beyond, store.features)
