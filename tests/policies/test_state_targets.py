@@ -3,6 +3,11 @@ observes, never reads at inference (a simulator's object pose, predicted from th
 
 from __future__ import annotations
 
+import json
+import subprocess
+import sys
+from pathlib import Path
+
 import numpy as np
 import pytest
 import torch
@@ -102,6 +107,21 @@ def test_training_through_lightning_serves_the_targets(tabletop_store, tmp_path)
     policy = load_policy(result.checkpoint_path)
     assert "robot0_eef_pos" not in policy.obs_offsets
     assert policy.network.state_head is not None
+
+    # benchmarks/state_target_errors.py compares the head's estimates with the store's record.
+    out = tmp_path / "errors.json"
+    script = Path(__file__).resolve().parents[2] / "benchmarks" / "state_target_errors.py"
+    done = subprocess.run(
+        [sys.executable, str(script), str(result.checkpoint_path), "--store", str(tabletop_store),
+         "--threads", "1", "--json", str(out)],
+        capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr[-2000:]
+    (errors,) = json.loads(out.read_text())["results"]
+    assert errors["frames"] == EpisodeStore.open(tabletop_store).n_frames
+    assert [row["entry"] for row in errors["rows"]] == ["0", "1", "0,1 (distance)"]
+    assert all(0.0 < row["median"] <= row["p90"] for row in errors["rows"])
+    assert "robot0_eef_pos" in done.stdout
 
 
 def test_settings_that_cannot_work_are_refused(tabletop_store, tmp_path) -> None:

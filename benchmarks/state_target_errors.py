@@ -1,0 +1,109 @@
+"""How precisely a policy trained with state targets knows what it does not observe.
+
+A diffusion policy with ``state_targets`` (``policies/README.md``) learns, beside its actions, to
+predict store keys it never observes, e.g. a simulator's object pose from the camera. This script
+runs each checkpoint's head (``predict_state_targets``) over every frame of a store's
+demonstrations, ideally ones it was not trained on (new placements of its training pairs, or unseen
+environments and objects), and compares the estimate with the store's record: per target entry the
+median and 90th percentile of the absolute error, in thousandths of the store's unit (millimetres
+for positions in metres), and per key the median distance over its first two entries (x, y).
+
+    python benchmarks/state_target_errors.py CKPT [CKPT ...] --store STORE [--episodes N]
+        [--batch 256] [--threads 1] [--json [PATH]]
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from typing import Any
+
+import numpy as np
+from report import add_json_option, checkpoint_label, emit_json
+
+
+def target_errors(
+    checkpoint: str, store: str, episodes: int | None = None, batch: int = 256
+) -> dict[str, Any]:
+    """The head's errors on ``store``'s frames (the first ``episodes`` episodes, or all)."""
+    import torch
+    from demoscale.datasets import EpisodeDataset, EpisodeStore
+    from demoscale.policies import load_policy
+
+    policy = load_policy(checkpoint)
+    network = policy.network
+    targets = dict(getattr(network.config, "state_targets", {}) or {})
+    if not targets:
+        raise SystemExit(f"{checkpoint}: the policy has no state_targets: nothing to compare")
+    n_episodes = EpisodeStore.open(store).n_episodes
+    chosen = list(range(n_episodes if episodes is None else min(episodes, n_episodes)))
+    config = network.config
+    dataset = EpisodeDataset(
+        store, config.obs_offsets, config.action_keys, config.horizon, chosen, target_keys=list(targets)
+    )
+    loader = torch.utils.data.DataLoader(dataset, batch_size=batch, shuffle=False)
+    estimates: dict[str, list[np.ndarray]] = {key: [] for key in targets}
+    truths: dict[str, list[np.ndarray]] = {key: [] for key in targets}
+    started = time.perf_counter()
+    for frames in loader:
+        predicted = network.predict_state_targets(frames["obs"])
+        for key, indices in targets.items():
+            estimates[key].append(predicted[key].cpu().numpy())
+            truths[key].append(frames["targets"][key].float().flatten(2)[:, 0, indices].numpy())
+    rows = []
+    for key, indices in targets.items():
+        error = np.concatenate(estimates[key]) - np.concatenate(truths[key])
+        for column, entry in enumerate(indices):
+            magnitude = np.abs(error[:, column]) * 1000
+            rows.append(
+                {"key": key, "entry": str(entry), "median": float(np.median(magnitude)),
+                 "p90": float(np.percentile(magnitude, 90))}
+            )  # fmt: skip
+        if len(indices) >= 2:
+            distance = np.linalg.norm(error[:, :2], axis=1) * 1000
+            rows.append(
+                {"key": key, "entry": f"{indices[0]},{indices[1]} (distance)",
+                 "median": float(np.median(distance)), "p90": float(np.percentile(distance, 90))}
+            )  # fmt: skip
+    return {
+        "checkpoint": checkpoint,
+        "store": store,
+        "episodes": len(chosen),
+        "frames": len(dataset),
+        "seconds": time.perf_counter() - started,
+        "rows": rows,
+    }
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("checkpoints", nargs="+")
+    parser.add_argument("--store", required=True, help="demonstrations to compare on (with the target keys)")
+    parser.add_argument(
+        "--episodes", type=int, default=None, help="the store's first N episodes (default all)"
+    )
+    parser.add_argument("--batch", type=int, default=256)
+    parser.add_argument("--threads", type=int, default=None, help="torch threads (default torch's)")
+    add_json_option(parser)
+    args = parser.parse_args(argv)
+    if args.threads:
+        import torch
+
+        torch.set_num_threads(args.threads)
+    results = [target_errors(c, args.store, args.episodes, args.batch) for c in args.checkpoints]
+    print(f"\nstate-target errors on {args.store} (x1000 of the store's unit: mm for metres)")
+    print(f"{'checkpoint':<44} {'key':<14} {'entry':<18} {'median':>8} {'p90':>8}")
+    for result in results:
+        for row in result["rows"]:
+            print(
+                f"{checkpoint_label(result['checkpoint']):<44} {row['key']:<14} {row['entry']:<18} "
+                f"{row['median']:>8.1f} {row['p90']:>8.1f}"
+            )
+        print(f"  ({result['frames']} frames of {result['episodes']} episodes, {result['seconds']:.1f} s)")
+    emit_json("state_target_errors", {"store": args.store, "results": results}, args.json)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
