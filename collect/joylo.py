@@ -10,6 +10,9 @@ A raw recording is one HDF5 file per episode, recorded at 10 Hz::
     action/{left_arm (T,6), right_arm (T,6), torso (T,4), left_gripper (T,), right_gripper (T,), mobile_base (T,3)}
     file attributes: record_freq, <sensor>_freq, horizon
 
+Optionally ``obs/object_state/object<i>_<name>`` (T, k) float32: a simulator's state of object i
+(not a JoyLo recorder's), ingested as the low-dim feature ``object<i>_<name>``.
+
 A merged (post-processed) BRS file holds ``demo_{i}/obs/...`` and ``demo_{i}/action/...`` with the
 same sub-paths, plus ``obs/odom/base_velocity`` (T,3).
 
@@ -28,6 +31,7 @@ the base part being the base-frame velocity), odometry, the fused point cloud an
 from __future__ import annotations
 
 import os
+import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -50,6 +54,7 @@ from demoscale.collect.source_format import (
 from demoscale.collect.sources import SourceIds
 
 RECORD_RATE_HZ = 10.0
+_OBJECT_KEY = re.compile(r"^object(\d+)_[a-z0-9_]+$")
 ARM_DOF = 6
 TORSO_DOF = 4
 CAMERAS = ("head", "left_wrist", "right_wrist")
@@ -190,9 +195,11 @@ def joylo_features(
     cameras: Mapping[str, tuple[int, int]],
     rate_hz: float,
     capture: Mapping[str, Mapping] | None = None,
+    object_state: Mapping[str, int] | None = None,
 ) -> dict:
     """Store features of ingested JoyLo episodes (keys of docs/interfaces.md); ``capture`` (camera
-    key -> what produced it, the files' ``capture`` attribute) becomes their ``source``."""
+    key -> what produced it, the files' ``capture`` attribute) becomes their ``source``;
+    ``object_state`` (``object<i>_...`` key -> width) adds the simulator's object-state features."""
     from demoscale.datasets import FeatureSpec
 
     def low_dim(width: int, units: str, frame: str = "", dtype: str = "float32"):
@@ -208,6 +215,10 @@ def joylo_features(
         "odom_base_velocity": low_dim(3, "m/s,m/s,rad/s", frame="base"),
         "odom_position": low_dim(3, "m", frame="odom"),
         "odom_orientation": low_dim(4, "quaternion xyzw", frame="odom"),
+        **{
+            key: low_dim(width, "simulator state", frame="base")
+            for key, width in sorted((object_state or {}).items())
+        },
     }
 
     def recorded(key: str) -> dict | None:
@@ -373,6 +384,19 @@ def read_joylo_episode(group, where: str, episode: str) -> dict[str, np.ndarray]
             if frames.ndim != 4 or frames.shape[-1] != 3:
                 raise reader.error(key, f"has shape {frames.shape}, expected (T, H, W, 3)")
             arrays[f"{camera}_rgb"] = as_uint8_image(frames, reader.where, key, episode)
+    if "obs/object_state" in group:
+        for name in sorted(group["obs/object_state"]):
+            key = f"obs/object_state/{name}"
+            values = reader.read(key)
+            if (
+                not _OBJECT_KEY.match(name)
+                or values.ndim != 2
+                or not np.issubdtype(values.dtype, np.floating)
+            ):
+                raise reader.error(
+                    key, f"must be object<i>_<name>, (T, k) float; got {values.dtype} {values.shape}"
+                )
+            arrays[name] = values.astype(f32)
     return arrays
 
 
@@ -436,7 +460,8 @@ class JoyloFormat(SourceFormat):
             if key.endswith("_rgb") and not key.startswith("pointcloud_")
         }
         n_points = first["pointcloud_xyz"].shape[1] if "pointcloud_xyz" in first else None
-        return SourcePlan(joylo_features(n_points, cameras, rate_hz, capture), plans)
+        object_state = {key: int(first[key].shape[1]) for key in first if _OBJECT_KEY.match(key)}
+        return SourcePlan(joylo_features(n_points, cameras, rate_hz, capture, object_state), plans)
 
     def load(self, episode: JoyloEpisode, want_encoded: bool) -> LoadedEpisode:
         path = Path(episode.path)

@@ -11,6 +11,9 @@ velocity in the base frame), ``odom_base_velocity``, ``odom_position``, ``odom_o
 base frame: origin on the floor under the base centre, x forward, z up) and ``<camera>_rgb``. Keys
 starting with ``joylo_`` (joint velocities and efforts, 16 = torso 4, left arm 6, right arm 6;
 gripper velocities and efforts, 2) exist only so that recordings carry the raw recorder's fields.
+With ``object_state=True`` the simulator's object state is observed too: ``object0_pose`` (4: the
+object's x, y, z in the base frame and its yaw relative to the base), for policies told where the
+object is instead of seeing it (a diagnostic of what limits a point-cloud policy).
 """
 
 from __future__ import annotations
@@ -55,6 +58,7 @@ class WholeBodyConfig:
     crop_max: tuple[float, float, float] = (2.5, 2.0, 2.0)
     max_steps: int = 350
     substeps: int = field(default=50)  # 0.002 s physics steps per 0.1 s control step
+    object_state: bool = False  # observe object0_pose (see the module docstring)
 
     def __post_init__(self) -> None:
         for camera in (*self.cameras, *self.point_cloud_cameras):
@@ -369,8 +373,21 @@ class WholeBodyEnv:
             obs.update(pointcloud_xyz=xyz, pointcloud_rgb=rgb, pointcloud_mask=mask)
         for camera in self.config.cameras:
             obs[f"{camera}_rgb"] = images[camera][0]
+        if self.config.object_state:
+            obs["object0_pose"] = self.object_pose_base_frame()
         obs.update(self._raw_extras())
         return obs
+
+    def object_pose_base_frame(self) -> np.ndarray:
+        """The object's (x, y, z) in the base frame and its yaw relative to the base's (float32)."""
+        x, y, yaw = self.base_pose()
+        position = self.object_position()
+        c, s = np.cos(yaw), np.sin(yaw)
+        dx, dy = position[0] - x, position[1] - y
+        w, qx, qy, qz = self.data.xquat[self._object_body]
+        object_yaw = np.arctan2(2 * (w * qz + qx * qy), 1 - 2 * (qy * qy + qz * qz))
+        relative_yaw = (object_yaw - yaw + np.pi) % (2 * np.pi) - np.pi
+        return np.array([c * dx + s * dy, -s * dx + c * dy, position[2], relative_yaw], np.float32)
 
     def _raw_extras(self) -> dict[str, np.ndarray]:
         """Joint velocities and efforts the raw JoyLo recorder stores (not ingested into stores)."""

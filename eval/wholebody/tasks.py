@@ -148,6 +148,9 @@ def episode_to_joylo(episode: Mapping[str, np.ndarray], rate_hz: float = 10.0) -
     for camera in ("head", "left_wrist", "right_wrist"):
         if f"{camera}_rgb" in episode:
             out[f"obs/rgb/{camera}/img"] = np.asarray(episode[f"{camera}_rgb"], np.uint8)
+    for key in episode:
+        if key.startswith("object"):  # the object_state option's simulator state
+            out[f"obs/object_state/{key}"] = np.asarray(episode[key], f32)
     parts = (("mobile_base", 0, 3), ("torso", 3, 7), ("left_arm", 7, 13), ("left_gripper", 13, 14))
     parts += (("right_arm", 14, 20), ("right_gripper", 20, 21))
     for name, start, stop in parts:

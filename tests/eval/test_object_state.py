@@ -97,3 +97,55 @@ def test_a_malformed_object_array_is_refused(tmp_path: Path) -> None:
     }
     with pytest.raises(ValueError, match=r"object0_pose must be \(T, k\) float"):
         write_umi_zip(tmp_path / "dataset.zarr.zip", [episode])
+
+
+def test_the_whole_body_option_observes_the_object_in_the_base_frame(tmp_path: Path) -> None:
+    from demoscale.collect import IngestError, ingest
+    from demoscale.collect.joylo import write_joylo_episode
+    from demoscale.eval import collect_sim, get_task
+
+    definition = get_task("touch_shelf")
+    plain = definition.make_env(2, 5, render=False)
+    stated = definition.make_env(2, 5, render=False, object_state=True)
+    try:
+        assert "object0_pose" not in plain.reset(seed=3)
+        obs = stated.reset(seed=3)
+        x, y, yaw = stated.base_pose()
+        world = stated.object_position()
+        c, s = np.cos(yaw), np.sin(yaw)
+        expected = [
+            c * (world[0] - x) + s * (world[1] - y),
+            -s * (world[0] - x) + c * (world[1] - y),
+            world[2],
+        ]
+        np.testing.assert_allclose(obs["object0_pose"][:3], expected, atol=1e-6)
+        assert obs["object0_pose"].dtype == np.float32 and obs["object0_pose"].shape == (4,)
+    finally:
+        plain.close()
+        stated.close()
+
+    # Through a JoyLo recording into the store: the robot drives up to the shelf, so the object
+    # comes nearer in the base frame over a demonstration.
+    options = {"render": False, "object_state": True}
+    collect_sim("touch_shelf", 1, 1, 1, tmp_path / "raw", env_options=options, progress=False)
+    ingest("joylo", tmp_path / "raw", tmp_path / "store.zarr", progress=False)
+    store = EpisodeStore.open(tmp_path / "store.zarr")
+    assert store.features["object0_pose"].frame == "base"
+    pose = store.episode(0)["object0_pose"]
+    assert pose[-1, 0] < pose[0, 0] - 0.3
+
+    # A malformed object array in a recording is refused, naming it, and no store is made.
+    (recording,) = (tmp_path / "raw").rglob("episode_0.h5")
+    import h5py
+
+    with h5py.File(recording) as file:
+        flat = {}
+        file.visititems(
+            lambda name, item: flat.update({name: item[()]}) if isinstance(item, h5py.Dataset) else None
+        )
+        attrs = dict(file.attrs)
+    flat["obs/object_state/object0_pose"] = flat["obs/object_state/object0_pose"].astype(np.int32)
+    write_joylo_episode(tmp_path / "bad" / "episode_0.h5", flat, attrs)
+    with pytest.raises(IngestError, match="object_state/object0_pose"):
+        ingest("joylo", tmp_path / "bad", tmp_path / "bad.zarr", progress=False)
+    assert not (tmp_path / "bad.zarr").exists()
