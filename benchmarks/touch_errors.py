@@ -3,6 +3,7 @@ at the shelf with the torso at the board's height.
 
     python benchmarks/touch_errors.py CHECKPOINT [CHECKPOINT ...] --rollouts 16
     python benchmarks/touch_errors.py expert --rollouts 16
+    python benchmarks/touch_errors.py STATE_CHECKPOINT --env-option render=false --env-option object_state=true
 
 Each policy is rolled out on the task's training pairs (or ``--split unseen``; environment k with
 object k, k < ``--pairs``) through the rollout's own actor (windows built as ``demoscale eval``
@@ -161,12 +162,20 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--ahead", type=int, default=0, help="--store: compare the action this far into the chunk"
     )
+    parser.add_argument(
+        "--env-option",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="an environment option beyond the recorded ones (e.g. object_state=true for a state policy)",
+    )
     add_json_option(parser)
     args = parser.parse_args(argv)
     os.environ.setdefault("MUJOCO_GL", "egl")
 
     import torch
     from demoscale.eval import ids
+    from demoscale.eval.cli import parse_env_options
     from demoscale.eval.rollout import PolicyActor, actor_for, apply_capture, recorded_capture
     from demoscale.eval.tasks import get_task
 
@@ -181,7 +190,8 @@ def main(argv: list[str] | None = None) -> int:
         # The camera's image size and the cloud's point count the policy was trained with, as
         # `demoscale eval` applies them (the expert: the task's defaults).
         recorded = recorded_capture(actor.policy) if isinstance(actor, PolicyActor) else {}
-        _, image_size, env_options = apply_capture(recorded, "touch_shelf", None, None, name)
+        given = parse_env_options(args.env_option) or None
+        _, image_size, env_options = apply_capture(recorded, "touch_shelf", None, given, name)
         rows = [
             rollout(actor, definition, *pairs[k % len(pairs)], args.seed + k, image_size or 64, env_options)
             for k in range(args.rollouts)

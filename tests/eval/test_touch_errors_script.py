@@ -70,3 +70,31 @@ def test_open_loop_errors_are_zero_for_the_demonstrations_and_not_for_a_policy(
     assert replayed["near_touch_hand_mm"] == 0.0 and replayed["elsewhere_hand_mm"] == 0.0
     untrained = offline_errors(fixture, store_path, every=1, ahead=0)
     assert untrained["near_touch_hand_mm"] > 5.0 and np.isfinite(untrained["elsewhere_hand_mm"])
+
+
+def test_a_state_policy_is_rolled_out_with_the_options_given(tmp_path: Path, run_benchmark) -> None:
+    """A policy told the object's pose records no camera: ``--env-option`` gives the options it was
+    collected with, and without them the script stops on the missing observation."""
+    from demoscale.collect import ingest
+    from demoscale.eval import collect_sim
+    from demoscale.policies import train
+
+    options = {"render": False, "object_state": True}
+    collect_sim("touch_shelf", 1, 1, 2, tmp_path / "raw", env_options=options, progress=False)
+    ingest("joylo", tmp_path / "raw", tmp_path / "store.zarr", progress=False)
+    config = Path(__file__).resolve().parents[2] / "configs" / "wholebody_touch_shelf_state.yaml"
+    trained = train(
+        str(config),
+        {"data.store": str(tmp_path / "store.zarr"), "trainer.max_steps": 2, "data.batch_size": 4,
+         "model.init_args.global_batch_size": 4, "trainer.val_check_interval": 2,
+         "checkpoint.every_n_train_steps": 2, "trainer.default_root_dir": str(tmp_path / "run"),
+         "trainer.logger": False, "progress.every_s": 0},
+    )  # fmt: skip
+    out = tmp_path / "touch_errors.json"
+    checkpoint = str(trained.checkpoint_path)
+    flags = ["--env-option", "render=false", "--env-option", "object_state=true"]
+    run_benchmark("touch_errors.py", checkpoint, "--rollouts", "1", *flags, "--json", str(out))
+    (summary,) = json.loads(out.read_text())["policies"].values()
+    assert summary["rollouts"] == 1
+    bare = run_benchmark("touch_errors.py", checkpoint, "--rollouts", "1", check=False)
+    assert bare.returncode != 0 and "object0_pose" in bare.stderr
