@@ -213,6 +213,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--cameras", nargs="+", default=None, help="tabletop cameras (default: those the data recorded)"
     )
+    parser.add_argument(
+        "--env-option",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="an environment option beyond the recorded ones (e.g. object_state=true for a state policy)",
+    )
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--record", default=None, help="also write a results record into this folder")
     parser.add_argument("--policy", default="policy", help="what the checkpoint is, for the record")
@@ -277,6 +284,12 @@ def main(argv: list[str] | None = None) -> int:
             settings.append(setting)
     if not settings:
         raise SystemExit("no setting fits the chunk (see above)")
+    from demoscale.eval.cli import parse_env_options
+
+    env_options = {
+        **parse_env_options(args.env_option),
+        **({"cameras": args.cameras} if args.cameras else {}),
+    }
     for inference_steps, noise_scale, n_action_steps, inference_delay, ensemble, samples, seed in settings:
         policy = load(inference_steps)
         policy.n_action_steps, policy.inference_delay = n_action_steps, inference_delay
@@ -292,7 +305,7 @@ def main(argv: list[str] | None = None) -> int:
             n_objects=args.objects,
             pairing=args.pairing,
             episodes=args.episodes,
-            env_options={"cameras": args.cameras} if args.cameras else None,
+            env_options=env_options or None,
             seed=seed,
             batch_size=50,
             video_episodes=0,
