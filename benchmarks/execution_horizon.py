@@ -41,7 +41,7 @@ from itertools import product
 from pathlib import Path
 from typing import Any
 
-from report import add_json_option, emit_json
+from report import add_env_option, add_json_option, emit_json
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -213,13 +213,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--cameras", nargs="+", default=None, help="tabletop cameras (default: those the data recorded)"
     )
-    parser.add_argument(
-        "--env-option",
-        action="append",
-        default=[],
-        metavar="KEY=VALUE",
-        help="an environment option beyond the recorded ones (e.g. object_state=true for a state policy)",
-    )
+    add_env_option(parser)
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--record", default=None, help="also write a results record into this folder")
     parser.add_argument("--policy", default="policy", help="what the checkpoint is, for the record")

@@ -29,6 +29,19 @@ def add_json_option(parser: argparse.ArgumentParser) -> None:
     )
 
 
+def add_env_option(parser: argparse.ArgumentParser) -> None:
+    """``--env-option KEY=VALUE`` (repeatable): environment options beyond those the policy's data
+    recorded, e.g. ``object_state=true`` for a state policy, whose options no camera records
+    (parse with ``demoscale.eval.cli.parse_env_options``)."""
+    parser.add_argument(
+        "--env-option",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="an environment option beyond the recorded ones (e.g. object_state=true for a state policy)",
+    )
+
+
 def emit_json(name: str, payload: dict[str, Any], option: str | None) -> Path:
     """Write ``payload`` (plus the machine it ran on) where ``--json`` says; returns the file."""
     payload = {

@@ -26,7 +26,7 @@ import statistics
 from typing import Any
 
 import numpy as np
-from report import add_json_option, checkpoint_label, emit_json, open_loop_chunks
+from report import add_env_option, add_json_option, checkpoint_label, emit_json, open_loop_chunks
 
 
 def rollout(
@@ -162,13 +162,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--ahead", type=int, default=0, help="--store: compare the action this far into the chunk"
     )
-    parser.add_argument(
-        "--env-option",
-        action="append",
-        default=[],
-        metavar="KEY=VALUE",
-        help="an environment option beyond the recorded ones (e.g. object_state=true for a state policy)",
-    )
+    add_env_option(parser)
     add_json_option(parser)
     args = parser.parse_args(argv)
     os.environ.setdefault("MUJOCO_GL", "egl")
