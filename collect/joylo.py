@@ -31,7 +31,6 @@ the base part being the base-frame velocity), odometry, the fused point cloud an
 from __future__ import annotations
 
 import os
-import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -40,6 +39,7 @@ from typing import Any
 import numpy as np
 from demoscale.collect.driver import IngestSummary, ingest
 from demoscale.collect.source_format import (
+    OBJECT_STATE_KEY,
     ContentHash,
     EpisodePlan,
     IngestError,
@@ -54,7 +54,6 @@ from demoscale.collect.source_format import (
 from demoscale.collect.sources import SourceIds
 
 RECORD_RATE_HZ = 10.0
-_OBJECT_KEY = re.compile(r"^object(\d+)_[a-z0-9_]+$")
 ARM_DOF = 6
 TORSO_DOF = 4
 CAMERAS = ("head", "left_wrist", "right_wrist")
@@ -389,7 +388,7 @@ def read_joylo_episode(group, where: str, episode: str) -> dict[str, np.ndarray]
             key = f"obs/object_state/{name}"
             values = reader.read(key)
             if (
-                not _OBJECT_KEY.match(name)
+                not OBJECT_STATE_KEY.match(name)
                 or values.ndim != 2
                 or not np.issubdtype(values.dtype, np.floating)
             ):
@@ -460,7 +459,7 @@ class JoyloFormat(SourceFormat):
             if key.endswith("_rgb") and not key.startswith("pointcloud_")
         }
         n_points = first["pointcloud_xyz"].shape[1] if "pointcloud_xyz" in first else None
-        object_state = {key: int(first[key].shape[1]) for key in first if _OBJECT_KEY.match(key)}
+        object_state = {key: int(first[key].shape[1]) for key in first if OBJECT_STATE_KEY.match(key)}
         return SourcePlan(joylo_features(n_points, cameras, rate_hz, capture, object_state), plans)
 
     def load(self, episode: JoyloEpisode, want_encoded: bool) -> LoadedEpisode:

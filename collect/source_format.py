@@ -19,6 +19,7 @@ locked store transaction, progress, dry runs and the summary. An adapter only sa
 from __future__ import annotations
 
 import hashlib
+import re
 from collections.abc import Iterable, Iterator, Mapping
 from contextlib import contextmanager
 from contextvars import ContextVar
@@ -225,6 +226,12 @@ def check_finite(values: np.ndarray, where: str, key: str, episode_ends: np.ndar
                 f"{where}: key {key!r}, episode {episode}: NaN or infinite value at frame {frame - start}"
             )
         raise IngestError(f"{where}: key {key!r}: NaN or infinite value at frame {frame}")
+
+
+# A simulator's object state carried beside a format's own keys (``object<i>_<name>``, e.g. the
+# tabletop and whole-body ``object_state`` option's ``object0_pose``): every format that carries it
+# names it alike, and it becomes the low-dim store feature of the same name.
+OBJECT_STATE_KEY = re.compile(r"^object(\d+)_[a-z0-9_]+$")
 
 
 def as_uint8_image(values: np.ndarray, where: str, key: str, episode: int | str) -> np.ndarray:

@@ -45,6 +45,7 @@ from typing import Any
 import numpy as np
 from demoscale.collect.driver import IngestSummary, ingest
 from demoscale.collect.source_format import (
+    OBJECT_STATE_KEY,
     ContentHash,
     EpisodePlan,
     IngestError,
@@ -70,13 +71,12 @@ _ROBOT_KEY = re.compile(
     r"^robot(\d+)_(eef_pos|eef_rot_axis_angle|gripper_width|demo_start_pose|demo_end_pose)$"
 )
 _CAMERA_KEY = re.compile(r"^camera(\d+)_rgb$")
-_OBJECT_KEY = re.compile(r"^object(\d+)_[a-z0-9_]+$")
 
 
 def _complete_episode(episode: Mapping[str, np.ndarray], index: int) -> dict[str, np.ndarray]:
     """Check one in-memory episode and fill in the demo start/end poses where they are absent."""
     unknown = [
-        k for k in episode if not (_ROBOT_KEY.match(k) or _CAMERA_KEY.match(k) or _OBJECT_KEY.match(k))
+        k for k in episode if not (_ROBOT_KEY.match(k) or _CAMERA_KEY.match(k) or OBJECT_STATE_KEY.match(k))
     ]
     if unknown:
         raise ValueError(
@@ -94,7 +94,7 @@ def _complete_episode(episode: Mapping[str, np.ndarray], index: int) -> dict[str
                 raise ValueError(
                     f"episode {index}: {key} must be (T, H, W, 3) uint8, got {value.dtype} {value.shape}"
                 )
-        if _OBJECT_KEY.match(key):
+        if OBJECT_STATE_KEY.match(key):
             if value.ndim not in (1, 2) or not np.issubdtype(value.dtype, np.floating):
                 raise ValueError(
                     f"episode {index}: {key} must be (T, k) float, got {value.dtype} {value.shape}"
@@ -301,7 +301,7 @@ def _split_keys(info, where: str) -> tuple[list[int], dict[int, tuple[int, int]]
                     f"{where}: key {name!r} must be (T, {width}) float, got {array.dtype} {array.shape}"
                 )
             keys.append(name)
-        elif _OBJECT_KEY.match(name):
+        elif OBJECT_STATE_KEY.match(name):
             if len(array.shape) != 2 or not np.issubdtype(array.dtype, np.floating):
                 raise IngestError(
                     f"{where}: key {name!r} must be (T, k) float, got {array.dtype} {array.shape}"
@@ -431,7 +431,7 @@ class UmiZipFormat(SourceFormat):
                 else:
                     arrays[key] = np.repeat(pose[row][None].astype(np.float64), end - start, axis=0)
         for key in episode.keys:
-            if _OBJECT_KEY.match(key):
+            if OBJECT_STATE_KEY.match(key):
                 arrays[key] = arrays[key].astype(np.float32, copy=False)
         arrays["action"] = next_pose_action(arrays, episode.robots)
         return arrays, (encoded or None)
