@@ -119,8 +119,31 @@ def load_experiment(path: Path) -> Experiment:
         raise ValueError(f"{path}: variant names must be unique")
     if sorted(set(experiment.checkpoints)) != list(experiment.checkpoints) or min(experiment.checkpoints) < 1:
         raise ValueError(f"{path}: checkpoints must be increasing positive step counts")
+    check_seed_groups(experiment, path)
     check_store_recipe(experiment, path)
     return experiment
+
+
+def check_seed_groups(experiment: Experiment, path: Path) -> None:
+    """Raise ValueError if variants pooled as seeds of one policy (one ``group``) differ in anything
+    but the seed: pooling two recipes would report a mixture as one policy."""
+    groups: dict[str, list[Variant]] = {}
+    for arm in experiment.variants:
+        groups.setdefault(arm.group_name, []).append(arm)
+    for group, arms in groups.items():
+        recipes = {
+            (
+                arm.train_config,
+                yaml.safe_dump({k: v for k, v in arm.overrides.items() if k != "seed_everything"}),
+            )
+            for arm in arms
+        }
+        if len(recipes) > 1:
+            names = ", ".join(arm.name for arm in arms)
+            raise ValueError(
+                f"{path}: variants {names} share group {group!r} (seeds of one policy) but differ in more than "
+                "seed_everything; give each recipe its own group"
+            )
 
 
 def check_store_recipe(experiment: Experiment, path: Path) -> None:

@@ -60,3 +60,21 @@ def test_a_store_recipe_the_code_does_not_take_is_refused_at_load(
     path.write_text(yaml.safe_dump(raw))
     with pytest.raises(ValueError, match=message):
         _learning_curve().load_experiment(path)
+
+
+def test_variants_pooled_as_seeds_must_differ_only_in_the_seed(tmp_path: Path) -> None:
+    raw = yaml.safe_load(
+        (REPO_ROOT / "configs" / "experiments" / "pick_place_state_targets_12k.yaml").read_text()
+    )
+    weight1, weight10 = raw["variants"]
+    path = tmp_path / "experiment.yaml"
+    # Two recipes in one group would be pooled as seeds of one policy.
+    raw["variants"] = [{**weight1, "group": "recipe"}, {**weight10, "group": "recipe"}]
+    path.write_text(yaml.safe_dump(raw))
+    with pytest.raises(ValueError, match="share group 'recipe'.*differ in more than seed_everything"):
+        _learning_curve().load_experiment(path)
+    # One recipe from two seeds is what a group is for.
+    seed1 = {**weight10, "name": "seed1", "overrides": {**weight10["overrides"], "seed_everything": 1}}
+    raw["variants"] = [{**weight10, "group": "recipe"}, {**seed1, "group": "recipe"}]
+    path.write_text(yaml.safe_dump(raw))
+    assert [v.group_name for v in _learning_curve().load_experiment(path).variants] == ["recipe", "recipe"]
