@@ -27,18 +27,22 @@ from torch.nn import functional
 WAYPOINT_OBS = "waypoint_obs"
 
 
+def mlp_head(in_dim: int, hidden_dims: Sequence[int], out_dim: int) -> nn.Sequential:
+    """An MLP (Linear + Mish per hidden size, then Linear) from features to a prediction: the
+    waypoint head's network, and the diffusion policy's state-target head."""
+    layers: list[nn.Module] = []
+    for hidden in hidden_dims:
+        layers += [nn.Linear(in_dim, hidden), nn.Mish()]
+        in_dim = hidden
+    return nn.Sequential(*layers, nn.Linear(in_dim, out_dim))
+
+
 class WaypointHead(nn.Module):
     """MLP from observation features (B, in_dim) to the predicted waypoint representation (B, target_dim)."""
 
     def __init__(self, in_dim: int, target_dim: int, hidden_dims: Sequence[int] = (256,)):
         super().__init__()
-        layers: list[nn.Module] = []
-        dim = in_dim
-        for hidden in hidden_dims:
-            layers += [nn.Linear(dim, hidden), nn.Mish()]
-            dim = hidden
-        layers.append(nn.Linear(dim, target_dim))
-        self.net = nn.Sequential(*layers)
+        self.net = mlp_head(in_dim, hidden_dims, target_dim)
         self.in_dim = in_dim
         self.target_dim = target_dim
 

@@ -21,6 +21,7 @@ from demoscale.policies.encoders import ObservationEncoder, feature_to_dict
 from demoscale.policies.mlp_denoiser import ConditionalMLP
 from demoscale.policies.normalize import Normalizer
 from demoscale.policies.unet1d import ConditionalUnet1D
+from demoscale.policies.waypoint_head import mlp_head
 from torch import nn
 
 ACTION = "action"  # the normaliser key of the (concatenated, possibly relative) action vector
@@ -292,15 +293,6 @@ class DiffusionPolicy(PolicyNetworkBase):
 def state_target_slot(key: str) -> str:
     """The normaliser slot of an auxiliary target (apart from the key's slot, should it be observed)."""
     return f"target:{key}"
-
-
-def mlp_head(in_dim: int, hidden_dims: Sequence[int], out_dim: int) -> nn.Module:
-    """An MLP (Linear + Mish per hidden size, then Linear) from features to a prediction."""
-    layers: list[nn.Module] = []
-    for hidden in hidden_dims:
-        layers += [nn.Linear(in_dim, hidden), nn.Mish()]
-        in_dim = hidden
-    return nn.Sequential(*layers, nn.Linear(in_dim, out_dim))
 
 
 def sample_chunk(
