@@ -132,13 +132,13 @@ class DiffusionPolicy(PolicyNetworkBase):
             low_dim_shapes={key: shape[0] for key, shape in shapes.items() if key != ACTION},
             activation_checkpointing=config.activation_checkpointing,
         )
-        self.denoiser = make_denoiser(config, self.model_action_dim, self.obs_encoder.output_dim)
+        target_dim = sum(self.state_target_dims.values())
+        cond_dim = self.obs_encoder.output_dim + (target_dim if config.state_target_condition else 0)
+        self.denoiser = make_denoiser(config, self.model_action_dim, cond_dim)
         self.state_head: nn.Module | None = None
         if self.state_target_dims:
             self.state_head = mlp_head(
-                self.obs_encoder.output_dim,
-                config.state_target_hidden_dims,
-                sum(self.state_target_dims.values()),
+                self.obs_encoder.output_dim, config.state_target_hidden_dims, target_dim
             )
         self.noise_scheduler = make_scheduler(config)
         self.num_inference_steps = config.num_inference_steps
@@ -195,25 +195,41 @@ class DiffusionPolicy(PolicyNetworkBase):
         return action
 
     # -- training ----------------------------------------------------------------------------------
-    def encode(self, obs: Mapping[str, torch.Tensor]) -> torch.Tensor:
+    def encode_features(self, obs: Mapping[str, torch.Tensor]) -> torch.Tensor:
+        """The observation encoder's output (what the state-target head reads)."""
         return self.obs_encoder(self.normalize_obs(obs))
+
+    def encode(self, obs: Mapping[str, torch.Tensor]) -> torch.Tensor:
+        """The denoiser's condition: the encoded observation, and with ``state_target_condition``
+        the head's (normalised) estimate of the targets beside it."""
+        features = self.encode_features(obs)
+        if not self.config.state_target_condition:
+            return features
+        assert self.state_head is not None
+        return torch.cat([features, self.state_head(features).to(features.dtype)], dim=-1)
 
     def compute_losses(
         self, batch: Mapping[str, Any], generator: torch.Generator | None = None
     ) -> dict[str, torch.Tensor]:
         """Training losses of a batch in the datasets sample format: ``loss`` (denoising); with
         ``state_targets`` also ``action_loss`` and ``state_loss``, ``loss`` being their weighted sum."""
-        features = self.encode(batch["obs"])
-        action_loss = self.denoising_loss(batch, features, generator)
+        features = self.encode_features(batch["obs"])
         if self.state_head is None:
-            return {"loss": action_loss}
-        state_loss = self.state_target_loss(batch, features)
+            return {"loss": self.denoising_loss(batch, features, generator)}
+        targets = self.normalized_targets(batch)
+        cond = features
+        if self.config.state_target_condition:
+            # Teacher forcing: the store's values, blurred to the head's precision, stand in for the
+            # estimate, so the denoiser learns the state policy and the head the estimator.
+            noisy = targets + self.config.state_target_condition_noise * torch.randn_like(targets)
+            cond = torch.cat([features, noisy.to(features.dtype)], dim=-1)
+        action_loss = self.denoising_loss(batch, cond, generator)
+        state_loss = F.mse_loss(self.state_head(features).float(), targets)
         total = action_loss + self.config.state_target_weight * state_loss
         return {"loss": total, "action_loss": action_loss, "state_loss": state_loss}
 
-    def state_target_loss(self, batch: Mapping[str, Any], features: torch.Tensor) -> torch.Tensor:
-        """MSE of the head's prediction from the encoded observation to the normalised targets."""
-        assert self.state_head is not None
+    def normalized_targets(self, batch: Mapping[str, Any]) -> torch.Tensor:
+        """The batch's state targets, normalised and concatenated in ``state_targets`` order (B, D)."""
         if "targets" not in batch:
             raise KeyError(
                 "state_targets need batch['targets']: build the data with target_keys (the policy's "
@@ -223,14 +239,14 @@ class DiffusionPolicy(PolicyNetworkBase):
         for key, indices in self.config.state_targets.items():
             value = batch["targets"][key].float().flatten(2)[..., indices]
             parts.append(self.normalizer.normalize(state_target_slot(key), value).flatten(1))
-        return F.mse_loss(self.state_head(features).float(), torch.cat(parts, dim=-1))
+        return torch.cat(parts, dim=-1)
 
     @torch.no_grad()
     def predict_state_targets(self, obs: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]:
         """The head's estimate of each target (key -> (B, entries), in the store's units)."""
         if self.state_head is None:
             return {}
-        prediction = self.state_head(self.encode(obs)).float()
+        prediction = self.state_head(self.encode_features(obs)).float()
         out, start = {}, 0
         for key, size in self.state_target_dims.items():
             part = prediction[:, start : start + size].unsqueeze(1)

@@ -124,7 +124,54 @@ def test_training_through_lightning_serves_the_targets(tabletop_store, tmp_path)
     assert "robot0_eef_pos" in done.stdout
 
 
+def test_the_denoiser_conditioned_on_the_targets_sees_the_store_in_training_and_the_head_at_inference(
+    tabletop_store, tmp_path
+) -> None:
+    store = EpisodeStore.open(tabletop_store)
+    dataset = EpisodeDataset(
+        str(tabletop_store), SEES_THE_SQUARE["obs_offsets"], ["action"], 4, target_keys=["robot0_eef_pos"]
+    )
+    batch = next(iter(torch.utils.data.DataLoader(dataset, batch_size=4)))
+    moved = {**batch, "targets": {"robot0_eef_pos": batch["targets"]["robot0_eef_pos"] + 0.05}}
+
+    def action_losses(policy: DiffusionPolicy) -> list[float]:
+        losses = []
+        for sample in (batch, moved):
+            torch.manual_seed(0)  # the same crops, noise and timesteps for both
+            losses.append(float(policy.compute_losses(sample)["action_loss"]))
+        return losses
+
+    for condition in (False, True):
+        config = _config(
+            tabletop_store, tmp_path, horizon=4, n_action_steps=2, state_target_condition=condition
+        )
+        torch.manual_seed(0)
+        policy = DiffusionPolicy(config, store.features, policy_statistics(store, config))
+        with_store, with_moved = action_losses(policy)
+        # Teacher forcing: only the conditioned denoiser reads the store's targets.
+        assert (with_store != with_moved) == condition
+        policy.eval()
+        features = policy.encode_features(batch["obs"])
+        cond = policy.encode(batch["obs"])
+        if not condition:
+            torch.testing.assert_close(cond, features)
+            continue
+        # At inference the head's estimate takes the targets' place, so the head steers the action.
+        assert cond.shape[-1] == features.shape[-1] + 2
+        torch.testing.assert_close(cond[:, -2:], policy.state_head(features))
+        generator = torch.Generator().manual_seed(1)
+        before = policy.predict_action(batch["obs"], generator=generator)
+        with torch.no_grad():
+            policy.state_head[-1].bias.add_(1.0)
+        after = policy.predict_action(batch["obs"], generator=generator.manual_seed(1))
+        assert not torch.allclose(before, after)
+
+
 def test_settings_that_cannot_work_are_refused(tabletop_store, tmp_path) -> None:
+    with pytest.raises(ValueError, match="needs state_targets"):
+        _config(tabletop_store, tmp_path, state_targets={}, state_target_condition=True).validate()
+    with pytest.raises(ValueError, match="state_target_condition_noise"):
+        _config(tabletop_store, tmp_path, state_target_condition_noise=-0.1).validate()
     with pytest.raises(ValueError, match="which the policy observes"):
         _config(tabletop_store, tmp_path, state_targets={"robot0_gripper_width": [0]}).validate()
     with pytest.raises(ValueError, match="cannot be combined"):
