@@ -4,8 +4,8 @@ Two measurements, side by side in one run, on synthetic camera-like 96x96 frames
 moving block, sensor noise), ~50 frames per episode, JPEG store:
 
 1. **Throughput.** A diffusion_policy replay buffer of ``--ingest-episodes`` episodes (raw uint8
-   frames; ``--source-codecs``: Blosc-zstd with bit-shuffle, as PushT ships, and Blosc-lz4,
-   diffusion_policy's default compressor) ingested into a fresh JPEG store with one worker (the
+   frames; ``--source-codecs``: Blosc-zstd with bit-shuffle, as PushT ships, Blosc-lz4,
+   diffusion_policy's default compressor, and uncompressed) ingested into a fresh JPEG store with one worker (the
    committing process itself), two worker processes and on Ray (2 CPUs), against the pure
    encode limit: imagecodecs' JPEG encoder over the same frames, already in memory, in one process.
    Beside it, the parts of an ingest's work alone: reading the source with the ingest's reader, the
@@ -72,7 +72,7 @@ def synthetic_frames(rng: np.random.Generator, length: int, size: int = SIZE) ->
     return frames
 
 
-SOURCE_CODECS = ("zstd", "lz4")
+SOURCE_CODECS = ("zstd", "lz4", "none")
 
 
 def write_replay_buffer(
@@ -80,7 +80,8 @@ def write_replay_buffer(
 ) -> None:
     """A diffusion_policy replay buffer (Zarr format 2, Blosc) holding ``episodes`` as ``img``:
     ``zstd`` is Blosc-zstd with bit-shuffle, as PushT's replay buffer ships (diffusion_policy's
-    "disk" compressor), ``lz4`` Blosc-lz4 without shuffle, diffusion_policy's default compressor."""
+    "disk" compressor), ``lz4`` Blosc-lz4 without shuffle, diffusion_policy's default compressor,
+    ``none`` the raw frames (reading is a copy: what is left is the ingest's own work)."""
     import zarr
     from numcodecs import Blosc
 
@@ -92,8 +93,10 @@ def write_replay_buffer(
     root = zarr.open_group(str(path), mode="w", zarr_format=2)
     if source_codec == "zstd":
         compressor = Blosc(cname="zstd", clevel=5, shuffle=Blosc.BITSHUFFLE)
-    else:
+    elif source_codec == "lz4":
         compressor = Blosc(cname="lz4", clevel=5, shuffle=Blosc.NOSHUFFLE)
+    else:
+        compressor = None
     img = root.create_array("data/img", shape=(n, SIZE, SIZE, 3), chunks=(100, SIZE, SIZE, 3),
                             dtype="uint8", compressors=compressor)  # fmt: skip
     img[:] = np.concatenate(episodes)
@@ -533,8 +536,8 @@ def throughput_part(
         throughput.append(row)
     print(f"Throughput: {args.ingest_episodes} episodes x {args.frames} frames, {SIZE}x{SIZE} JPEG store, "
           f"median of {args.rounds} rounds ({os.cpu_count()} CPUs; Ray's start-up is inside its time). "
-          "Sources: replay buffers, Blosc-zstd with bit-shuffle (as PushT ships) and Blosc-lz4 "
-          "(diffusion_policy's default)")  # fmt: skip
+          "Sources: replay buffers, Blosc-zstd with bit-shuffle (as PushT ships), Blosc-lz4 "
+          "(diffusion_policy's default), none (raw frames)")  # fmt: skip
     print(
         f"{'variant':<42} {'source':>6} {'frames/s':>10} {'per worker / encode limit':>26} {'committer (cores)':>18}"
     )
