@@ -6,10 +6,13 @@ runs each checkpoint's head (``predict_state_targets``) over every frame of a st
 demonstrations, ideally ones it was not trained on (new placements of its training pairs, or unseen
 environments and objects), and compares the estimate with the store's record: per target entry the
 median and 90th percentile of the absolute error, in thousandths of the store's unit (millimetres
-for positions in metres), and per key the median distance over its first two entries (x, y).
+for positions in metres), and per key the median distance over its first two entries (x, y). With
+``--near KEY`` that distance is also given by how far the observed ``KEY`` (e.g. the gripper,
+``robot0_eef_pos``) is from the target horizontally (bins of ``--near-bins`` mm): whether the
+estimate leans on what is near the object.
 
     python benchmarks/state_target_errors.py CKPT [CKPT ...] --store STORE [--episodes N]
-        [--batch 256] [--threads 1] [--json [PATH]]
+        [--near KEY] [--near-bins 20 50 100] [--batch 256] [--threads 1] [--json [PATH]]
 """
 
 from __future__ import annotations
@@ -24,9 +27,16 @@ from report import add_json_option, checkpoint_label, emit_json
 
 
 def target_errors(
-    checkpoint: str, store: str, episodes: int | None = None, batch: int = 256
+    checkpoint: str,
+    store: str,
+    episodes: int | None = None,
+    batch: int = 256,
+    near: str | None = None,
+    near_bins: tuple[float, ...] = (20.0, 50.0, 100.0),
 ) -> dict[str, Any]:
-    """The head's errors on ``store``'s frames (the first ``episodes`` episodes, or all)."""
+    """The head's errors on ``store``'s frames (the first ``episodes`` episodes, or all); with
+    ``near`` (an observed key) the x, y distances also by that key's horizontal distance (mm) to the
+    target, in bins split at ``near_bins``."""
     import torch
     from demoscale.datasets import EpisodeDataset, EpisodeStore
     from demoscale.policies import load_policy
@@ -43,11 +53,21 @@ def target_errors(
         store, config.obs_offsets, config.action_keys, config.horizon, chosen, target_keys=list(targets)
     )
     loader = torch.utils.data.DataLoader(dataset, batch_size=batch, shuffle=False)
+    if near is not None and near not in config.obs_offsets:
+        raise SystemExit(
+            f"--near {near!r}: the policy does not observe it (observed: {sorted(config.obs_offsets)})"
+        )
+    if near is not None and int(np.prod(network.features[near]["shape"])) < 2:
+        raise SystemExit(f"--near {near!r}: needs x and y (a key of at least two entries)")
     estimates: dict[str, list[np.ndarray]] = {key: [] for key in targets}
     truths: dict[str, list[np.ndarray]] = {key: [] for key in targets}
+    near_xy: list[np.ndarray] = []
     started = time.perf_counter()
     for frames in loader:
         predicted = network.predict_state_targets(frames["obs"])
+        if near is not None:
+            current = config.obs_offsets[near].index(0)
+            near_xy.append(frames["obs"][near][:, current].float().flatten(1)[:, :2].numpy())
         for key, indices in targets.items():
             estimates[key].append(predicted[key].cpu().numpy())
             truths[key].append(frames["targets"][key].float().flatten(2)[:, 0, indices].numpy())
@@ -66,6 +86,20 @@ def target_errors(
                 {"key": key, "entry": f"{indices[0]},{indices[1]} (distance)",
                  "median": float(np.median(distance)), "p90": float(np.percentile(distance, 90))}
             )  # fmt: skip
+            if near is not None:
+                truth_xy = np.concatenate(truths[key])[:, :2]
+                apart = np.linalg.norm(np.concatenate(near_xy) - truth_xy, axis=1) * 1000
+                edges = [0.0, *near_bins, np.inf]
+                for low, high in zip(edges[:-1], edges[1:], strict=True):
+                    chosen_frames = (apart >= low) & (apart < high)
+                    if not chosen_frames.any():
+                        continue
+                    span = f"{low:.0f}-{high:.0f}" if np.isfinite(high) else f">={low:.0f}"
+                    rows.append(
+                        {"key": key, "entry": f"{near} {span} mm", "frames": int(chosen_frames.sum()),
+                         "median": float(np.median(distance[chosen_frames])),
+                         "p90": float(np.percentile(distance[chosen_frames], 90))}
+                    )  # fmt: skip
     return {
         "checkpoint": checkpoint,
         "store": store,
@@ -83,6 +117,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--episodes", type=int, default=None, help="the store's first N episodes (default all)"
     )
+    parser.add_argument(
+        "--near", default=None, help="an observed key: x, y errors by its horizontal distance to the target"
+    )
+    parser.add_argument("--near-bins", type=float, nargs="+", default=[20.0, 50.0, 100.0], help="mm")
     parser.add_argument("--batch", type=int, default=256)
     parser.add_argument("--threads", type=int, default=None, help="torch threads (default torch's)")
     add_json_option(parser)
@@ -91,13 +129,16 @@ def main(argv: list[str] | None = None) -> int:
         import torch
 
         torch.set_num_threads(args.threads)
-    results = [target_errors(c, args.store, args.episodes, args.batch) for c in args.checkpoints]
+    results = [
+        target_errors(c, args.store, args.episodes, args.batch, args.near, tuple(args.near_bins))
+        for c in args.checkpoints
+    ]
     print(f"\nstate-target errors on {args.store} (x1000 of the store's unit: mm for metres)")
-    print(f"{'checkpoint':<44} {'key':<14} {'entry':<18} {'median':>8} {'p90':>8}")
+    print(f"{'checkpoint':<44} {'key':<14} {'entry':<30} {'median':>8} {'p90':>8}")
     for result in results:
         for row in result["rows"]:
             print(
-                f"{checkpoint_label(result['checkpoint']):<44} {row['key']:<14} {row['entry']:<18} "
+                f"{checkpoint_label(result['checkpoint']):<44} {row['key']:<14} {row['entry']:<30} "
                 f"{row['median']:>8.1f} {row['p90']:>8.1f}"
             )
         print(f"  ({result['frames']} frames of {result['episodes']} episodes, {result['seconds']:.1f} s)")

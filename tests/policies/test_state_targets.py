@@ -100,7 +100,9 @@ def test_the_head_learns_from_the_image_what_the_policy_does_not_observe(tmp_pat
 def test_training_through_lightning_serves_the_targets(tabletop_store, tmp_path) -> None:
     from demoscale.policies import load_policy, train
 
-    config = tiny_config(tabletop_store, tmp_path / "run", **SEES_THE_SQUARE)
+    # The rotation is observed only so that --near has a two-entry key to measure from.
+    observed = {**SEES_THE_SQUARE["obs_offsets"], "robot0_eef_rot_axis_angle": [0]}
+    config = tiny_config(tabletop_store, tmp_path / "run", **{**SEES_THE_SQUARE, "obs_offsets": observed})
     config["trainer"]["max_steps"] = 2
     config["checkpoint"]["every_n_train_steps"] = 2
     result = train(config)
@@ -113,15 +115,25 @@ def test_training_through_lightning_serves_the_targets(tabletop_store, tmp_path)
     script = Path(__file__).resolve().parents[2] / "benchmarks" / "state_target_errors.py"
     done = subprocess.run(
         [sys.executable, str(script), str(result.checkpoint_path), "--store", str(tabletop_store),
-         "--threads", "1", "--json", str(out)],
+         "--threads", "1", "--near", "robot0_eef_rot_axis_angle", "--near-bins", "1000", "--json", str(out)],
         capture_output=True, text=True, timeout=300,
     )  # fmt: skip
     assert done.returncode == 0, done.stderr[-2000:]
     (errors,) = json.loads(out.read_text())["results"]
     assert errors["frames"] == EpisodeStore.open(tabletop_store).n_frames
-    assert [row["entry"] for row in errors["rows"]] == ["0", "1", "0,1 (distance)"]
+    entries = [row["entry"] for row in errors["rows"]]
+    assert entries[:3] == ["0", "1", "0,1 (distance)"]
+    bins = [row for row in errors["rows"] if row["entry"].startswith("robot0_eef_rot_axis_angle")]
+    assert {row["entry"].split()[1] for row in bins} <= {"0-1000", ">=1000"} and bins
+    assert sum(row["frames"] for row in bins) == errors["frames"]
     assert all(0.0 < row["median"] <= row["p90"] for row in errors["rows"])
     assert "robot0_eef_pos" in done.stdout
+    refused = subprocess.run(
+        [sys.executable, str(script), str(result.checkpoint_path), "--store", str(tabletop_store),
+         "--near", "robot0_gripper_width"],
+        capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
+    assert refused.returncode != 0 and "needs x and y" in refused.stderr
 
 
 def test_the_denoiser_conditioned_on_the_targets_sees_the_store_in_training_and_the_head_at_inference(
