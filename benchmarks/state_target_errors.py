@@ -49,16 +49,16 @@ def target_errors(
     n_episodes = EpisodeStore.open(store).n_episodes
     chosen = list(range(n_episodes if episodes is None else min(episodes, n_episodes)))
     config = network.config
-    dataset = EpisodeDataset(
-        store, config.obs_offsets, config.action_keys, config.horizon, chosen, target_keys=list(targets)
-    )
-    loader = torch.utils.data.DataLoader(dataset, batch_size=batch, shuffle=False)
     if near is not None and near not in config.obs_offsets:
         raise SystemExit(
             f"--near {near!r}: the policy does not observe it (observed: {sorted(config.obs_offsets)})"
         )
     if near is not None and int(np.prod(network.features[near]["shape"])) < 2:
         raise SystemExit(f"--near {near!r}: needs x and y (a key of at least two entries)")
+    dataset = EpisodeDataset(
+        store, config.obs_offsets, config.action_keys, config.horizon, chosen, target_keys=list(targets)
+    )
+    loader = torch.utils.data.DataLoader(dataset, batch_size=batch, shuffle=False)
     estimates: dict[str, list[np.ndarray]] = {key: [] for key in targets}
     truths: dict[str, list[np.ndarray]] = {key: [] for key in targets}
     near_xy: list[np.ndarray] = []
