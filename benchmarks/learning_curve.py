@@ -503,6 +503,23 @@ def plot_curve(experiment: Experiment, rows: list[dict[str, Any]], path: Path) -
     plt.close(fig)
 
 
+# A record's README is rewritten whenever a variant or the comparison is written again; what a person
+# wrote below this heading (the reading of the numbers) is kept.
+HAND_WRITTEN_HEADING = "## What it says"
+
+
+def write_keeping_hand_written(path: Path, lines: list[str]) -> None:
+    """Write the generated ``lines`` to ``path``, keeping the existing file's hand-written part (from
+    the first line starting with :data:`HAND_WRITTEN_HEADING` on)."""
+    text = "\n".join(lines).rstrip() + "\n"
+    if path.exists():
+        old = path.read_text().splitlines()
+        start = next((i for i, line in enumerate(old) if line.startswith(HAND_WRITTEN_HEADING)), None)
+        if start is not None:
+            text += "\n" + "\n".join(old[start:]).rstrip() + "\n"
+    path.write_text(text)
+
+
 def write_readme(
     experiment: Experiment, summary: dict[str, Any], rows: list[dict[str, Any]], out: Path
 ) -> None:
@@ -564,7 +581,7 @@ def write_readme(
             "",
             f"Intervals: {confidence:.0%} (Wilson for success; for scores and coverage, see eval/README.md).",
         ]
-    (out / "README.md").write_text("\n".join(lines).rstrip() + "\n")
+    write_keeping_hand_written(out / "README.md", lines)
 
 
 # --- comparing variants ------------------------------------------------------------------------------
@@ -688,7 +705,7 @@ def compare_variants(experiment: Experiment, out: Path, args: argparse.Namespace
             f"{row['train_minutes']:.1f}",
         ]
         lines.append("| " + " | ".join(cells) + " |")
-    (out / "README.md").write_text("\n".join(lines).rstrip() + "\n")
+    write_keeping_hand_written(out / "README.md", lines)
     print(f"wrote {out}/summary.json, README.md (comparison of {len(experiment.variants)} variants)")
 
 

@@ -78,3 +78,16 @@ def test_variants_pooled_as_seeds_must_differ_only_in_the_seed(tmp_path: Path) -
     raw["variants"] = [{**weight10, "group": "recipe"}, {**seed1, "group": "recipe"}]
     path.write_text(yaml.safe_dump(raw))
     assert [v.group_name for v in _learning_curve().load_experiment(path).variants] == ["recipe", "recipe"]
+
+
+def test_a_rewritten_record_keeps_what_a_person_wrote_below_its_heading(tmp_path) -> None:
+    learning_curve = _learning_curve()
+    readme = tmp_path / "README.md"
+    learning_curve.write_keeping_hand_written(readme, ["# record", "", "| old table |"])
+    assert readme.read_text() == "# record\n\n| old table |\n"
+    readme.write_text(readme.read_text() + "\n## What it says (written after)\n\n- the reading\n")
+    learning_curve.write_keeping_hand_written(readme, ["# record", "", "| new table |"])
+    text = readme.read_text()
+    assert "| new table |" in text and "| old table |" not in text
+    assert text.endswith("## What it says (written after)\n\n- the reading\n")
+    assert text.count("## What it says") == 1
