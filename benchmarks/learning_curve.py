@@ -15,6 +15,8 @@ checkpoint x split: step, training minutes, score, success, task metrics, interv
 ``rollouts/step<k>_<split>.csv``, ``summary.json`` (the command, commit, machine, minutes, the
 ``headline`` rows of the final checkpoint, the first checkpoint that reaches each anchor),
 ``curve.png`` and ``README.md``. Checkpoints and logs stay under ``runs/experiments/<name>/``.
+A README written again (a variant rerun, the comparison once every variant is in) keeps what
+follows its ``## What it says`` heading, the reading of the numbers written by hand.
 
 ``--resume`` continues an interrupted training from its last checkpoint and skips evaluations
 already written, so a run longer than a session can be finished in the next.
