@@ -5,8 +5,8 @@ moving block, sensor noise), ~50 frames per episode, JPEG store:
 
 1. **Throughput.** A diffusion_policy replay buffer of ``--ingest-episodes`` episodes (raw uint8
    frames; ``--source-codecs``: Blosc-zstd with bit-shuffle, as PushT ships, Blosc-lz4,
-   diffusion_policy's default compressor, and uncompressed) ingested into a fresh JPEG store with one worker (the
-   committing process itself), two worker processes and on Ray (2 CPUs), against the pure
+   diffusion_policy's default compressor, and uncompressed) ingested into a fresh JPEG store with
+   one worker (the committing process itself), two worker processes and on Ray (2 CPUs), against the pure
    encode limit: imagecodecs' JPEG encoder over the same frames, already in memory, in one process.
    Beside it, the parts of an ingest's work alone: reading the source with the ingest's reader, the
    content hash (sha256, and xxh3-128, what an ingest records), and reading + encoding with no
