@@ -47,7 +47,9 @@ def oracle_policy(policy: Any, noise: float, seed: int = 0) -> Any:
     network = policy.network
     config = network.config
     if not getattr(config, "state_target_condition", False):
-        raise ValueError("the checkpoint's denoiser is not conditioned on state targets (state_target_condition)")
+        raise ValueError(
+            "the checkpoint's denoiser is not conditioned on state targets (state_target_condition)"
+        )
     if noise < 0:
         raise ValueError(f"noise {noise} must be >= 0")
 
@@ -57,7 +59,9 @@ def oracle_policy(policy: Any, noise: float, seed: int = 0) -> Any:
             self.obs_offsets = {**policy.obs_offsets, **{key: [0] for key in config.state_targets}}
             self.generator = torch.Generator().manual_seed(seed)
 
-        def predict_action_batch(self, obs_windows: dict[str, np.ndarray], seed: int | None = None) -> np.ndarray:
+        def predict_action_batch(
+            self, obs_windows: dict[str, np.ndarray], seed: int | None = None
+        ) -> np.ndarray:
             obs = self._to_tensors(obs_windows, batched=True)
             targets = {}
             for key, indices in config.state_targets.items():
@@ -81,7 +85,9 @@ def _condition(noise_mm: str) -> str:
     return "the head's estimate" if noise_mm == HEAD else f"the truth + {float(noise_mm):g} mm noise"
 
 
-def write_record(out: Path, args: argparse.Namespace, rows: list[dict[str, Any]], rollouts: Any, minutes: float) -> None:
+def write_record(
+    out: Path, args: argparse.Namespace, rows: list[dict[str, Any]], rollouts: Any, minutes: float
+) -> None:
     """The results record of one run (see the module note)."""
     import torch
     from demoscale.eval.rollout import wilson_interval
@@ -98,7 +104,9 @@ def write_record(out: Path, args: argparse.Namespace, rows: list[dict[str, Any]]
                          "split": args.split, "metric": "success_rate", "value": successes / n, "ci_low": low,
                          "ci_high": high, "n_rollouts": n, "train_minutes": args.train_minutes})  # fmt: skip
     command = shlex.join(["python", "benchmarks/condition_oracle.py", *sys.argv[1:]])
-    commit = subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True, cwd=ROOT).stdout.strip()
+    commit = subprocess.run(
+        ["git", "rev-parse", "HEAD"], capture_output=True, text=True, cwd=ROOT
+    ).stdout.strip()
     summary = {
         "name": out.name, "task": args.task, "checkpoint": args.checkpoint, "command": command, "commit": commit,
         "machine": {"cpus": os.cpu_count(), "torch": torch.__version__, "torch_threads": args.threads},

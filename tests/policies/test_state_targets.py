@@ -197,3 +197,69 @@ def test_settings_that_cannot_work_are_refused(tabletop_store, tmp_path) -> None
     beyond = _config(tabletop_store, tmp_path, state_targets={"robot0_eef_pos": [3]})
     with pytest.raises(ValueError, match="does not index the low-dim feature"):
         DiffusionPolicy(beyond, store.features)
+
+
+def test_the_condition_oracle_acts_on_the_truth_and_rolls_out(tabletop_store, tmp_path, monkeypatch) -> None:
+    """``benchmarks/condition_oracle.py``: the conditioned denoiser told the true targets (plus
+    noise) instead of the head's estimate; in real reach rollouts beside the head's own run."""
+    from demoscale.policies import load_policy, train
+
+    benchmarks = Path(__file__).resolve().parents[2] / "benchmarks"
+    monkeypatch.syspath_prepend(str(benchmarks))
+    from condition_oracle import oracle_policy
+
+    # Pose-only observations (no image), so that the reach task's environment can roll it out; the
+    # end effector's position is the target, which every tabletop environment reports.
+    observed = {"robot0_eef_rot_axis_angle": [0], "robot0_gripper_width": [0]}
+    settings = {**SEES_THE_SQUARE, "obs_offsets": observed, "state_target_condition": True}
+    config = tiny_config(tabletop_store, tmp_path / "run", horizon=4, n_action_steps=2, **settings)
+    config["trainer"]["max_steps"] = 2
+    config["checkpoint"]["every_n_train_steps"] = 2
+    checkpoint = train(config).checkpoint_path
+    policy = load_policy(checkpoint)
+    oracle = oracle_policy(policy, noise=0.0)
+    assert oracle.obs_offsets == {**observed, "robot0_eef_pos": [0]}
+    rng = np.random.default_rng(0)
+    windows = {key: rng.uniform(-0.2, 0.2, (3, len(o), 3 if "rot" in key else 1)).astype(np.float32)
+               for key, o in observed.items()}  # fmt: skip
+    windows["robot0_eef_pos"] = rng.uniform(-0.2, 0.2, (3, 1, 3)).astype(np.float32)
+    told = oracle.predict_action_batch(windows, seed=0)
+    # The head no longer steers the action; the truth does (its x, y entries, the targets).
+    with torch.no_grad():
+        policy.network.state_head[-1].bias.add_(1.0)
+    np.testing.assert_allclose(oracle.predict_action_batch(windows, seed=0), told, rtol=1e-5, atol=1e-6)
+    moved = {**windows, "robot0_eef_pos": windows["robot0_eef_pos"] + np.float32(0.1)}
+    assert not np.allclose(oracle.predict_action_batch(moved, seed=0), told)
+    noisy = oracle_policy(policy, noise=0.05)
+    assert not np.allclose(noisy.predict_action_batch(windows, seed=0), told)
+
+    record = tmp_path / "record"
+    done = subprocess.run(
+        [sys.executable, str(benchmarks / "condition_oracle.py"), str(checkpoint), "--task", "reach",
+         "--split", "train", "--envs", "1", "--episodes", "1", "--noise-mm", "head", "0",
+         "--json", str(tmp_path / "out.json"), "--record", str(record), "--policy", "tiny"],
+        capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr[-2000:]
+    rows = json.loads((tmp_path / "out.json").read_text())["rows"]
+    assert [row["condition"] for row in rows] == ["the head's estimate", "the truth + 0 mm noise"]
+    summary = json.loads((record / "summary.json").read_text())
+    assert [row["policy"] for row in summary["headline"]] == [
+        "tiny; conditioned on the head's estimate",
+        "tiny; conditioned on the truth + 0 mm noise",
+    ]
+    assert all(row["n_rollouts"] == 1 and row["split"] == "train" for row in summary["headline"])
+
+    unconditioned = tiny_config(
+        tabletop_store,
+        tmp_path / "plain",
+        horizon=4,
+        n_action_steps=2,
+        **{**settings, "state_target_condition": False},
+    )
+    unconditioned["trainer"]["max_steps"] = 2
+    unconditioned["checkpoint"]["every_n_train_steps"] = 2
+    with pytest.raises(ValueError, match="not conditioned"):
+        oracle_policy(load_policy(train(unconditioned).checkpoint_path), noise=0.0)
+    with pytest.raises(ValueError, match="must be >= 0"):
+        oracle_policy(policy, noise=-1.0)
