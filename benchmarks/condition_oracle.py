@@ -73,7 +73,7 @@ def oracle_policy(policy: Any, noise: float, seed: int = 0) -> Any:
             generator = None if seed is None else torch.Generator(self.device).manual_seed(seed)
             with torch.no_grad():
                 features = network.encode_features(obs)
-                told = network.normalized_targets({"targets": targets}).to(features.dtype)
+                told = network.normalized_targets({"targets": targets, "obs": obs}).to(features.dtype)
                 condition = torch.cat([features, told], dim=-1)
                 actions = network.act_from_condition(condition, obs, self.num_inference_steps, generator)
             return actions.float().cpu().numpy()

@@ -78,6 +78,12 @@ class DiffusionConfig:
             the image policy reaches 0.5-0.6 (docs/results/pick_place_state); conditioned on its
             own estimate, 0.50-0.62 (docs/results/pick_place_state_condition): the estimate, 7 mm
             off near the object and 12-16 mm off while approaching it, is the limit.
+        state_target_reference: an observed low-dim key (e.g. ``robot0_eef_pos``) whose current
+            value the targets are taken relative to: each target's entries minus the reference's
+            first entries (as many, in order: both in one frame, e.g. world x, y, z), so the head
+            predicts where the object is from the gripper, not from the table. A shift of the whole
+            image (the random crop) moves both alike, so the relative vector is what an image shows
+            without ambiguity. Estimates (``predict_state_targets``) are given back absolute.
     """
 
     obs_offsets: dict[str, list[int]] = field(default_factory=lambda: {"camera0_rgb": [-1, 0]})
@@ -120,6 +126,7 @@ class DiffusionConfig:
     state_target_hidden_dims: list[int] = field(default_factory=lambda: [256])
     state_target_condition: bool = False
     state_target_condition_noise: float = 0.0
+    state_target_reference: str | None = None
 
     @property
     def waypoint_keys(self) -> list[str]:
@@ -179,6 +186,14 @@ class DiffusionConfig:
             )
         if self.state_target_condition and not self.state_targets:
             raise ValueError("state_target_condition needs state_targets (the estimates it conditions on)")
+        if self.state_target_reference is not None:
+            if not self.state_targets:
+                raise ValueError("state_target_reference needs state_targets (what is taken relative to it)")
+            if 0 not in self.obs_offsets.get(self.state_target_reference, []):
+                raise ValueError(
+                    f"state_target_reference {self.state_target_reference!r} must be observed at offset 0 "
+                    f"(obs_offsets: {sorted(self.obs_offsets)})"
+                )
         if self.state_target_condition_noise < 0.0:
             raise ValueError(f"state_target_condition_noise {self.state_target_condition_noise} must be >= 0")
         if self.state_target_weight < 0.0:

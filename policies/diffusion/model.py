@@ -119,6 +119,15 @@ class DiffusionPolicy(PolicyNetworkBase):
                 raise ValueError(
                     f"state_targets[{key!r}] = {indices} does not index the low-dim feature {key!r}"
                 )
+            reference = config.state_target_reference
+            if reference is not None and (
+                self.features[reference]["kind"] != "low_dim"
+                or len(indices) > _size(self.features[reference]["shape"])
+            ):
+                raise ValueError(
+                    f"state_targets[{key!r}] has {len(indices)} entries, more than the reference "
+                    f"{reference!r} has to be taken relative to"
+                )
             self.state_target_dims[key] = len(indices)
             target_shapes[state_target_slot(key)] = [len(indices)]
             modes[state_target_slot(key)] = config.obs_norm_mode
@@ -238,8 +247,16 @@ class DiffusionPolicy(PolicyNetworkBase):
         parts = []
         for key, indices in self.config.state_targets.items():
             value = batch["targets"][key].float().flatten(2)[..., indices]
+            if self.config.state_target_reference is not None:
+                value = value - self._target_reference(batch["obs"], len(indices)).unsqueeze(1)
             parts.append(self.normalizer.normalize(state_target_slot(key), value).flatten(1))
         return torch.cat(parts, dim=-1)
+
+    def _target_reference(self, obs: Mapping[str, torch.Tensor], size: int) -> torch.Tensor:
+        """The first ``size`` entries of the reference key's current frame (B, size), raw."""
+        key = self.config.state_target_reference
+        assert key is not None
+        return obs[key][:, self._current_index(key)].float().flatten(1)[:, :size]
 
     @torch.no_grad()
     def predict_state_targets(self, obs: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]:
@@ -251,6 +268,8 @@ class DiffusionPolicy(PolicyNetworkBase):
         for key, size in self.state_target_dims.items():
             part = prediction[:, start : start + size].unsqueeze(1)
             out[key] = self.normalizer.unnormalize(state_target_slot(key), part)[:, 0]
+            if self.config.state_target_reference is not None:
+                out[key] = out[key] + self._target_reference(obs, size)
             start += size
         return out
 
@@ -429,9 +448,19 @@ def policy_statistics(
             for name, values in stats[key].items()
         }
     for key, indices in config.state_targets.items():
+        if config.state_target_reference is None:
+            stats[state_target_slot(key)] = {
+                name: values[indices] for name, values in _float_stats(store.stats(key)).items()
+            }
+            continue
+        # Relative targets: their statistics over every frame of the store (low-dim columns are small).
+        n_frames = int(store.n_frames)
+        target = np.asarray(store.read(key, 0, n_frames), np.float32).reshape(n_frames, -1)[:, indices]
+        reference = np.asarray(store.read(config.state_target_reference, 0, n_frames), np.float32)
+        relative = target - reference.reshape(n_frames, -1)[:, : len(indices)]
         stats[state_target_slot(key)] = {
-            name: values[indices] for name, values in _float_stats(store.stats(key)).items()
-        }
+            "min": relative.min(0), "max": relative.max(0), "mean": relative.mean(0), "std": relative.std(0)
+        }  # fmt: skip
     per_key = [_float_stats(store.stats(key)) for key in config.action_keys]
     stats[ACTION] = {
         name: np.concatenate([s[name].reshape(-1) for s in per_key]) for name in ("min", "max", "mean", "std")

@@ -263,3 +263,41 @@ def test_the_condition_oracle_acts_on_the_truth_and_rolls_out(tabletop_store, tm
         oracle_policy(load_policy(train(unconditioned).checkpoint_path), noise=0.0)
     with pytest.raises(ValueError, match="must be >= 0"):
         oracle_policy(policy, noise=-1.0)
+
+
+def test_targets_relative_to_an_observed_reference(tabletop_store, tmp_path) -> None:
+    """``state_target_reference``: the head learns the targets minus the reference's current value
+    (statistics of that difference over the store) and gives its estimates back absolute."""
+    reference = "robot0_eef_rot_axis_angle"  # observed, 3 entries: stands in for the gripper's position
+    observed = {**SEES_THE_SQUARE["obs_offsets"], reference: [-1, 0]}
+    config = _config(
+        tabletop_store, tmp_path, obs_offsets=observed, horizon=4, n_action_steps=2,
+        state_target_reference=reference, state_target_condition=True,
+    )  # fmt: skip
+    config.validate()
+    store = EpisodeStore.open(tabletop_store)
+    stats = policy_statistics(store, config)
+    n = store.n_frames
+    relative = store.read("robot0_eef_pos", 0, n)[:, :2] - store.read(reference, 0, n)[:, :2]
+    slot = state_target_slot("robot0_eef_pos")
+    np.testing.assert_allclose(stats[slot]["min"], relative.min(0), rtol=1e-6)
+    np.testing.assert_allclose(stats[slot]["max"], relative.max(0), rtol=1e-6)
+    policy = DiffusionPolicy(config, store.features, stats).eval()
+    dataset = EpisodeDataset(str(tabletop_store), observed, ["action"], 4, target_keys=["robot0_eef_pos"])
+    batch = next(iter(torch.utils.data.DataLoader(dataset, batch_size=4)))
+    now = batch["obs"][reference][:, 1, :2]
+    expected = policy.normalizer.normalize(slot, batch["targets"]["robot0_eef_pos"][..., :2] - now[:, None])
+    torch.testing.assert_close(policy.normalized_targets(batch), expected.flatten(1))
+    # The estimate is the head's relative vector put back where the reference is.
+    head = policy.state_head(policy.encode_features(batch["obs"]))
+    absolute = policy.normalizer.unnormalize(slot, head[:, None])[:, 0] + now
+    torch.testing.assert_close(policy.predict_state_targets(batch["obs"])["robot0_eef_pos"], absolute)
+
+    with pytest.raises(ValueError, match="needs state_targets"):
+        _config(tabletop_store, tmp_path, state_targets={}, state_target_reference=reference).validate()
+    with pytest.raises(ValueError, match="must be observed at offset 0"):
+        _config(tabletop_store, tmp_path, state_target_reference=reference).validate()
+    too_short = _config(tabletop_store, tmp_path, state_target_reference="robot0_gripper_width")
+    too_short.validate()
+    with pytest.raises(ValueError, match="more than the reference"):
+        DiffusionPolicy(too_short, store.features)
