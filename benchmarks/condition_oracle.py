@@ -10,10 +10,11 @@ every prediction, as in training), and beside them on the head's own estimate (`
 between ``head`` and ``0`` is what perfect perception would be worth to this policy; the curve over
 the noise levels says how precise an estimate it needs.
 
-    python benchmarks/condition_oracle.py CKPT --split train --envs 16 --objects 16 --pairing unique
+    python benchmarks/condition_oracle.py CKPT [CKPT ...] --split train --envs 16 --objects 16 --pairing unique
         --episodes 64 [--noise-mm 0 5 10 20] [--seeds 0] [--threads 1] [--record docs/results/NAME]
 
-A table on screen, JSON to ``benchmarks/results/condition_oracle.json`` (``--json PATH``);
+Several checkpoints are each rolled out on their own (rows per checkpoint and condition). A table
+on screen, JSON to ``benchmarks/results/condition_oracle.json`` (``--json PATH``);
 ``--record DIR`` writes ``rollouts.csv``, ``summary.json`` (``headline`` rows, one per condition)
 and ``README.md``.
 """
@@ -27,11 +28,12 @@ import shlex
 import subprocess
 import sys
 import time
+from itertools import product
 from pathlib import Path
 from typing import Any
 
 import numpy as np
-from report import add_json_option, emit_json
+from report import add_json_option, checkpoint_label, emit_json
 
 ROOT = Path(__file__).resolve().parents[1]
 HEAD = "head"
@@ -95,12 +97,13 @@ def write_record(
     out.mkdir(parents=True, exist_ok=True)
     rollouts.to_csv(out / "rollouts.csv", index=False)
     headline, pooled = [], []
-    for noise_mm, group in rollouts.groupby("condition", sort=False):
+    for (checkpoint, noise_mm), group in rollouts.groupby(["checkpoint", "condition"], sort=False):
         successes, n = int(group["success"].sum()), len(group)
         low, high = wilson_interval(successes, n)
-        pooled.append({"condition": _condition(noise_mm), "noise_mm": noise_mm, "n_rollouts": n,
-                       "success_rate": successes / n, "success_ci": [low, high]})  # fmt: skip
-        headline.append({"task": args.task, "policy": f"{args.policy}; conditioned on {_condition(noise_mm)}",
+        pooled.append({"checkpoint": checkpoint, "condition": _condition(noise_mm), "noise_mm": noise_mm,
+                       "n_rollouts": n, "success_rate": successes / n, "success_ci": [low, high]})  # fmt: skip
+        what = args.policy if len(args.checkpoints) == 1 else f"{args.policy} {checkpoint_label(checkpoint)}"
+        headline.append({"task": args.task, "policy": f"{what}; conditioned on {_condition(noise_mm)}",
                          "split": args.split, "metric": "success_rate", "value": successes / n, "ci_low": low,
                          "ci_high": high, "n_rollouts": n, "train_minutes": args.train_minutes})  # fmt: skip
     command = shlex.join(["python", "benchmarks/condition_oracle.py", *sys.argv[1:]])
@@ -108,7 +111,7 @@ def write_record(
         ["git", "rev-parse", "HEAD"], capture_output=True, text=True, cwd=ROOT
     ).stdout.strip()
     summary = {
-        "name": out.name, "task": args.task, "checkpoint": args.checkpoint, "command": command, "commit": commit,
+        "name": out.name, "task": args.task, "checkpoints": args.checkpoints, "command": command, "commit": commit,
         "machine": {"cpus": os.cpu_count(), "torch": torch.__version__, "torch_threads": args.threads},
         "eval_minutes": round(minutes, 2), "train_minutes": args.train_minutes, "per_seed": rows,
         "pooled": pooled, "headline": headline,
@@ -118,10 +121,10 @@ def write_record(
              "estimate of the targets or on the simulator's true values plus noise.", "",
              "```bash", command, "```", "",
              f"Commit `{commit}`; {os.cpu_count()} CPUs, {args.threads} torch thread(s); evaluation "
-             f"{minutes:.1f} min (no training: checkpoint `{args.checkpoint}`).", "",
-             "| condition | rollouts | success (90% Wilson) |", "| --- | --- | --- |"]  # fmt: skip
+             f"{minutes:.1f} min (no training).", "",
+             "| checkpoint | condition | rollouts | success (90% Wilson) |", "| --- | --- | --- | --- |"]  # fmt: skip
     for p in pooled:
-        lines.append(f"| {p['condition']} | {p['n_rollouts']} | {p['success_rate']:.2f} "
+        lines.append(f"| `{p['checkpoint']}` | {p['condition']} | {p['n_rollouts']} | {p['success_rate']:.2f} "
                      f"[{p['success_ci'][0]:.2f}, {p['success_ci'][1]:.2f}] |")  # fmt: skip
     (out / "README.md").write_text("\n".join(lines) + "\n")
     print(f"wrote {out}/summary.json, rollouts.csv, README.md")
@@ -129,7 +132,7 @@ def write_record(
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("checkpoint")
+    parser.add_argument("checkpoints", nargs="+", help="conditioned diffusion checkpoints, each on its own")
     parser.add_argument("--task", default=None, help="default: the task the checkpoint's data recorded")
     parser.add_argument(
         "--noise-mm", nargs="+", default=[HEAD, "0", "5", "10", "20"],
@@ -145,7 +148,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--record", default=None, help="also write a results record into this folder")
     parser.add_argument("--policy", default="policy", help="what the checkpoint is, for the record")
-    parser.add_argument("--train-minutes", type=float, default=None, help="the checkpoint's, for the record")
+    parser.add_argument("--train-minutes", type=float, default=None, help="the checkpoints', for the record")
     add_json_option(parser)
     args = parser.parse_args(argv)
     for value in args.noise_mm:
@@ -160,31 +163,35 @@ def main(argv: list[str] | None = None) -> int:
     torch.set_num_threads(args.threads)
     started = time.perf_counter()
     rows, frames = [], []
-    for noise_mm in args.noise_mm:
-        for seed in args.seeds:
-            policy = load_policy(args.checkpoint)
-            if noise_mm != HEAD:
-                try:
-                    policy = oracle_policy(policy, float(noise_mm) / 1000.0, seed)
-                except ValueError as error:
-                    raise SystemExit(f"{args.checkpoint}: {error}") from None
-            result = evaluate(
-                policy, task=args.task, split=args.split, n_envs=args.envs, n_objects=args.objects,
-                pairing=args.pairing, episodes=args.episodes, seed=seed, batch_size=50,
-                video_episodes=0, progress=False,
-            )  # fmt: skip
-            summary = result.summary
-            args.task = args.task or summary["task"]
-            row = {"condition": _condition(noise_mm), "seed": seed, "rollouts": summary["episodes"],
-                   "success": round(summary["success_rate"], 3), "score": round(summary["score"], 3)}  # fmt: skip
-            rows.append(row)
-            frames.append(result.rollouts.assign(condition=noise_mm, eval_seed=seed))
-            print("  ".join(f"{key} {value}" for key, value in row.items()), flush=True)
+    # An unconditioned checkpoint is refused before anything runs.
+    if any(value != HEAD for value in args.noise_mm):
+        for checkpoint in args.checkpoints:
+            try:
+                oracle_policy(load_policy(checkpoint), 0.0)
+            except ValueError as error:
+                raise SystemExit(f"{checkpoint}: {error}") from None
+    for checkpoint, noise_mm, seed in product(args.checkpoints, args.noise_mm, args.seeds):
+        policy = load_policy(checkpoint)
+        if noise_mm != HEAD:
+            policy = oracle_policy(policy, float(noise_mm) / 1000.0, seed)
+        result = evaluate(
+            policy, task=args.task, split=args.split, n_envs=args.envs, n_objects=args.objects,
+            pairing=args.pairing, episodes=args.episodes, seed=seed, batch_size=50,
+            video_episodes=0, progress=False,
+        )  # fmt: skip
+        summary = result.summary
+        args.task = args.task or summary["task"]
+        row = {"checkpoint": checkpoint_label(checkpoint), "condition": _condition(noise_mm), "seed": seed,
+               "rollouts": summary["episodes"], "success": round(summary["success_rate"], 3),
+               "score": round(summary["score"], 3)}  # fmt: skip
+        rows.append(row)
+        frames.append(result.rollouts.assign(checkpoint=checkpoint, condition=noise_mm, eval_seed=seed))
+        print("  ".join(f"{key} {value}" for key, value in row.items()), flush=True)
     minutes = (time.perf_counter() - started) / 60
-    print("\n| condition | seed | rollouts | success | score |\n| --- | --- | --- | --- | --- |")
+    print("\n| checkpoint | condition | seed | rollouts | success | score |\n|" + " --- |" * 6)
     for row in rows:
         print("| " + " | ".join(str(v) for v in row.values()) + " |")
-    emit_json("condition_oracle", {"checkpoint": args.checkpoint, "rows": rows}, args.json)
+    emit_json("condition_oracle", {"checkpoints": args.checkpoints, "rows": rows}, args.json)
     if args.record:
         write_record(Path(args.record), args, rows, pd.concat(frames, ignore_index=True), minutes)
     return 0

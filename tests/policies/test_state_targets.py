@@ -243,6 +243,7 @@ def test_the_condition_oracle_acts_on_the_truth_and_rolls_out(tabletop_store, tm
     assert done.returncode == 0, done.stderr[-2000:]
     rows = json.loads((tmp_path / "out.json").read_text())["rows"]
     assert [row["condition"] for row in rows] == ["the head's estimate", "the truth + 0 mm noise"]
+    assert {row["checkpoint"] for row in rows} == {f"{Path(checkpoint).parent.parent.name}/last.ckpt"}
     summary = json.loads((record / "summary.json").read_text())
     assert [row["policy"] for row in summary["headline"]] == [
         "tiny; conditioned on the head's estimate",
@@ -259,8 +260,16 @@ def test_the_condition_oracle_acts_on_the_truth_and_rolls_out(tabletop_store, tm
     )
     unconditioned["trainer"]["max_steps"] = 2
     unconditioned["checkpoint"]["every_n_train_steps"] = 2
+    plain = train(unconditioned).checkpoint_path
     with pytest.raises(ValueError, match="not conditioned"):
-        oracle_policy(load_policy(train(unconditioned).checkpoint_path), noise=0.0)
+        oracle_policy(load_policy(plain), noise=0.0)
+    refused = subprocess.run(
+        [sys.executable, str(benchmarks / "condition_oracle.py"), str(checkpoint), str(plain), "--task", "reach",
+         "--noise-mm", "0", "--json", str(tmp_path / "refused.json")],
+        capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
+    assert refused.returncode != 0 and "not conditioned" in refused.stderr
+    assert not (tmp_path / "refused.json").exists()  # refused before any rollout
     with pytest.raises(ValueError, match="must be >= 0"):
         oracle_policy(policy, noise=-1.0)
 
