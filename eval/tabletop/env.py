@@ -24,6 +24,7 @@ from collections.abc import Sequence
 
 import mujoco  # the package (demoscale.eval) set MUJOCO_GL before any of its modules loads
 import numpy as np
+from demoscale.eval.geometry import quaternion_yaw
 from demoscale.eval.rendering import thread_gl_context
 from demoscale.eval.tabletop.scene import MAX_GRIPPER_WIDTH, build_mjcf, env_params, object_params
 
@@ -186,7 +187,7 @@ class TabletopEnv:
     @property
     def object_yaw(self) -> float:
         w, x, y, z = self.data.qpos[self._object_qpos + 3 : self._object_qpos + 7]
-        return float(np.arctan2(2 * (w * z + x * y), 1 - 2 * (y * y + z * z)))
+        return float(quaternion_yaw(w, x, y, z))
 
     @property
     def eef_pos(self) -> np.ndarray:

@@ -22,6 +22,7 @@ from dataclasses import dataclass, field
 
 import mujoco
 import numpy as np
+from demoscale.eval.geometry import quaternion_yaw
 from demoscale.eval.rendering import load_triton_first
 from demoscale.eval.wholebody.pointcloud import backproject, sample_fixed
 from demoscale.eval.wholebody.scene import (
@@ -385,7 +386,7 @@ class WholeBodyEnv:
         c, s = np.cos(yaw), np.sin(yaw)
         dx, dy = position[0] - x, position[1] - y
         w, qx, qy, qz = self.data.xquat[self._object_body]
-        object_yaw = np.arctan2(2 * (w * qz + qx * qy), 1 - 2 * (qy * qy + qz * qz))
+        object_yaw = quaternion_yaw(w, qx, qy, qz)
         relative_yaw = (object_yaw - yaw + np.pi) % (2 * np.pi) - np.pi
         return np.array([c * dx + s * dy, -s * dx + c * dy, position[2], relative_yaw], np.float32)
 

@@ -25,6 +25,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+from demoscale.eval.geometry import quaternion_yaw
 from demoscale.eval.tasks import TaskDefinition
 from demoscale.eval.wholebody.env import (
     STAGES,
@@ -94,7 +95,7 @@ def make_touch_shelf_env(
 def _rotate_yaw(orientation_xyzw: np.ndarray, vectors: np.ndarray) -> np.ndarray:
     """Rotate base-frame (x, y) vectors into the odometry frame by the quaternions' yaw."""
     x, y, z, w = np.moveaxis(np.asarray(orientation_xyzw, np.float64), -1, 0)
-    yaw = np.arctan2(2 * (w * z + x * y), 1 - 2 * (y * y + z * z))
+    yaw = quaternion_yaw(w, x, y, z)
     c, s = np.cos(yaw), np.sin(yaw)
     return np.stack([c * vectors[:, 0] - s * vectors[:, 1], s * vectors[:, 0] + c * vectors[:, 1]], axis=1)
 
