@@ -9,7 +9,11 @@ median and 90th percentile of the absolute error, in thousandths of the store's 
 for positions in metres), and per key the median distance over its first two entries (x, y). With
 ``--near KEY`` that distance is also given by how far the observed ``KEY`` (e.g. the gripper,
 ``robot0_eef_pos``) is from the target horizontally (bins of ``--near-bins`` mm): whether the
-estimate leans on what is near the object.
+estimate leans on what is near the object. Per key also how the error splits over episodes: the
+norm of each episode's mean x, y error (``bias per episode``, median and p90 over episodes) and the
+RMS scatter about it within the episode (``scatter about the bias``), over the frames at least the
+first ``--near-bins`` edge away with ``--near``: an error that stays put while the policy acts on it
+(a bias) is not averaged away by acting on many frames.
 
     python benchmarks/state_target_errors.py CKPT [CKPT ...] --store STORE [--episodes N]
         [--near KEY] [--near-bins 20 50 100] [--batch 256] [--threads 1] [--json [PATH]]
@@ -46,8 +50,12 @@ def target_errors(
     targets = dict(getattr(network.config, "state_targets", {}) or {})
     if not targets:
         raise SystemExit(f"{checkpoint}: the policy has no state_targets: nothing to compare")
-    n_episodes = EpisodeStore.open(store).n_episodes
+    opened = EpisodeStore.open(store)
+    n_episodes = opened.n_episodes
     chosen = list(range(n_episodes if episodes is None else min(episodes, n_episodes)))
+    ends = np.asarray(opened.episode_ends, dtype=np.int64)
+    lengths = np.diff(np.concatenate([[0], ends]))[chosen]
+    episode_of = np.repeat(np.arange(len(chosen)), lengths)  # the dataset's frames, episode by episode
     config = network.config
     if near is not None and near not in config.obs_offsets:
         raise SystemExit(
@@ -86,9 +94,13 @@ def target_errors(
                 {"key": key, "entry": f"{indices[0]},{indices[1]} (distance)",
                  "median": float(np.median(distance)), "p90": float(np.percentile(distance, 90))}
             )  # fmt: skip
+            far = np.ones(len(error), dtype=bool)
             if near is not None:
                 truth_xy = np.concatenate(truths[key])[:, :2]
                 apart = np.linalg.norm(np.concatenate(near_xy) - truth_xy, axis=1) * 1000
+                far = apart >= near_bins[0]
+            rows += _bias_and_scatter(key, error[:, :2] * 1000, episode_of, far)
+            if near is not None:
                 edges = [0.0, *near_bins, np.inf]
                 for low, high in zip(edges[:-1], edges[1:], strict=True):
                     chosen_frames = (apart >= low) & (apart < high)
@@ -108,6 +120,24 @@ def target_errors(
         "seconds": time.perf_counter() - started,
         "rows": rows,
     }
+
+
+def _bias_and_scatter(key: str, error_xy: np.ndarray, episode_of: np.ndarray, kept: np.ndarray) -> list[dict]:
+    """Rows of the per-episode split of the x, y error (mm) over the ``kept`` frames: the norm of
+    each episode's mean error and the RMS distance of its frames from that mean."""
+    biases, scatters = [], []
+    for episode in np.unique(episode_of[kept]):
+        frames = error_xy[kept & (episode_of == episode)]
+        mean = frames.mean(axis=0)
+        biases.append(float(np.linalg.norm(mean)))
+        scatters.append(float(np.sqrt(((frames - mean) ** 2).sum(axis=1).mean())))
+    if not biases:
+        return []
+    return [
+        {"key": key, "entry": name, "episodes": len(values), "median": float(np.median(values)),
+         "p90": float(np.percentile(values, 90))}
+        for name, values in (("bias per episode", biases), ("scatter about the bias", scatters))
+    ]  # fmt: skip
 
 
 def main(argv: list[str] | None = None) -> int:

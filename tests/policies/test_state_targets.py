@@ -310,3 +310,20 @@ def test_targets_relative_to_an_observed_reference(tabletop_store, tmp_path) -> 
     too_short.validate()
     with pytest.raises(ValueError, match="more than the reference"):
         DiffusionPolicy(too_short, store.features)
+
+
+def test_the_error_splits_into_a_bias_per_episode_and_a_scatter_about_it(monkeypatch) -> None:
+    monkeypatch.syspath_prepend(str(Path(__file__).resolve().parents[2] / "benchmarks"))
+    from state_target_errors import _bias_and_scatter
+
+    error = np.array([[1.0, 0.0], [3.0, 0.0], [0.0, 5.0], [0.0, 5.0], [9.0, 9.0]])
+    episode_of = np.array([0, 0, 1, 1, 1])
+    kept = np.array([True, True, True, True, False])  # the last frame is near the object: left out
+    bias, scatter = _bias_and_scatter("object0_pose", error, episode_of, kept)
+    assert (bias["entry"], bias["episodes"], bias["median"]) == (
+        "bias per episode",
+        2,
+        3.5,
+    )  # |(2, 0)|, |(0, 5)|
+    assert (scatter["entry"], scatter["median"]) == ("scatter about the bias", 0.5)  # 1 and 0
+    assert _bias_and_scatter("object0_pose", error, episode_of, np.zeros(5, dtype=bool)) == []
