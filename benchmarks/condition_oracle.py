@@ -33,7 +33,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-from report import add_json_option, checkpoint_label, emit_json
+from report import add_json_option, add_rollout_options, checkpoint_label, emit_json
 
 ROOT = Path(__file__).resolve().parents[1]
 HEAD = "head"
@@ -139,12 +139,7 @@ def main(argv: list[str] | None = None) -> int:
         help=f"'{HEAD}' (the head's estimate, the policy as trained) or a noise std on the true targets, "
         "in thousandths of the store's unit",
     )  # fmt: skip
-    parser.add_argument("--seeds", type=int, nargs="+", default=[0], help="evaluation seeds")
-    parser.add_argument("--envs", type=int, default=None, help="environments (default: the task's)")
-    parser.add_argument("--split", choices=["unseen", "train"], default="unseen", help="id range")
-    parser.add_argument("--objects", type=int, default=1, help="objects per environment")
-    parser.add_argument("--pairing", choices=["grid", "unique"], default="grid")
-    parser.add_argument("--episodes", type=int, default=None, help="rollouts (default: one per pair)")
+    add_rollout_options(parser)
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--record", default=None, help="also write a results record into this folder")
     parser.add_argument("--policy", default="policy", help="what the checkpoint is, for the record")

@@ -41,7 +41,7 @@ from itertools import product
 from pathlib import Path
 from typing import Any
 
-from report import add_env_option, add_json_option, emit_json
+from report import add_env_option, add_json_option, add_rollout_options, emit_json
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -202,14 +202,7 @@ def main(argv: list[str] | None = None) -> int:
         help="a diffusion policy's starting-noise scale (default: the checkpoint's; 1 the training "
         "noise, below 1 a lower sampling temperature, 0 deterministic)",
     )  # fmt: skip
-    parser.add_argument("--seeds", type=int, nargs="+", default=[0], help="evaluation seeds")
-    parser.add_argument("--envs", type=int, default=None, help="initial states (default: the task's)")
-    parser.add_argument("--split", choices=["unseen", "train"], default="unseen", help="id range")
-    parser.add_argument("--objects", type=int, default=1, help="objects per environment")
-    parser.add_argument(
-        "--pairing", choices=["grid", "unique"], default="grid", help="as demoscale eval --pairing"
-    )
-    parser.add_argument("--episodes", type=int, default=None, help="rollouts (default: one per pair)")
+    add_rollout_options(parser)
     parser.add_argument(
         "--cameras", nargs="+", default=None, help="tabletop cameras (default: those the data recorded)"
     )

@@ -42,6 +42,21 @@ def add_env_option(parser: argparse.ArgumentParser) -> None:
     )
 
 
+def add_rollout_options(parser: argparse.ArgumentParser) -> None:
+    """Which rollouts a benchmark runs, as ``demoscale eval`` chooses them: ``--seeds`` (evaluation
+    seeds), ``--envs``, ``--split``, ``--objects``, ``--pairing`` and ``--episodes``."""
+    parser.add_argument("--seeds", type=int, nargs="+", default=[0], help="evaluation seeds")
+    parser.add_argument(
+        "--envs", type=int, default=None, help="environments, or PushT initial states (default: the task's)"
+    )
+    parser.add_argument("--split", choices=["unseen", "train"], default="unseen", help="id range")
+    parser.add_argument("--objects", type=int, default=1, help="objects per environment")
+    parser.add_argument(
+        "--pairing", choices=["grid", "unique"], default="grid", help="as demoscale eval --pairing"
+    )
+    parser.add_argument("--episodes", type=int, default=None, help="rollouts (default: one per pair)")
+
+
 def emit_json(name: str, payload: dict[str, Any], option: str | None) -> Path:
     """Write ``payload`` (plus the machine it ran on) where ``--json`` says; returns the file."""
     payload = {
