@@ -33,7 +33,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-from report import add_json_option, add_rollout_options, checkpoint_label, emit_json
+from report import add_json_option, add_record_options, add_rollout_options, checkpoint_label, emit_json
 
 ROOT = Path(__file__).resolve().parents[1]
 HEAD = "head"
@@ -141,9 +141,7 @@ def main(argv: list[str] | None = None) -> int:
     )  # fmt: skip
     add_rollout_options(parser)
     parser.add_argument("--threads", type=int, default=1)
-    parser.add_argument("--record", default=None, help="also write a results record into this folder")
-    parser.add_argument("--policy", default="policy", help="what the checkpoint is, for the record")
-    parser.add_argument("--train-minutes", type=float, default=None, help="the checkpoints', for the record")
+    add_record_options(parser)
     add_json_option(parser)
     args = parser.parse_args(argv)
     for value in args.noise_mm:

@@ -41,7 +41,7 @@ from itertools import product
 from pathlib import Path
 from typing import Any
 
-from report import add_env_option, add_json_option, add_rollout_options, emit_json
+from report import add_env_option, add_json_option, add_record_options, add_rollout_options, emit_json
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -208,9 +208,7 @@ def main(argv: list[str] | None = None) -> int:
     )
     add_env_option(parser)
     parser.add_argument("--threads", type=int, default=2)
-    parser.add_argument("--record", default=None, help="also write a results record into this folder")
-    parser.add_argument("--policy", default="policy", help="what the checkpoint is, for the record")
-    parser.add_argument("--train-minutes", type=float, default=None, help="the checkpoint's, for the record")
+    add_record_options(parser)
     add_json_option(parser)
     args = parser.parse_args(argv)
 

@@ -57,6 +57,16 @@ def add_rollout_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--episodes", type=int, default=None, help="rollouts (default: one per pair)")
 
 
+def add_record_options(parser: argparse.ArgumentParser) -> None:
+    """``--record DIR`` (also write a results record there), with ``--policy`` (what the checkpoint
+    is) and ``--train-minutes`` (its training time), which the record's headline rows carry."""
+    parser.add_argument("--record", default=None, help="also write a results record into this folder")
+    parser.add_argument("--policy", default="policy", help="what the checkpoint is, for the record")
+    parser.add_argument(
+        "--train-minutes", type=float, default=None, help="its training minutes, for the record"
+    )
+
+
 def emit_json(name: str, payload: dict[str, Any], option: str | None) -> Path:
     """Write ``payload`` (plus the machine it ran on) where ``--json`` says; returns the file."""
     payload = {
