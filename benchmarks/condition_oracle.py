@@ -117,7 +117,7 @@ def write_record(
         "pooled": pooled, "headline": headline,
     }  # fmt: skip
     (out / "summary.json").write_text(json.dumps(summary, indent=1, default=float) + "\n")
-    lines = [f"# {out.name}", "", f"{args.policy}: one checkpoint, its denoiser conditioned on its head's "
+    lines = [f"# {out.name}", "", f"{args.policy}: each checkpoint's denoiser conditioned on its head's "
              "estimate of the targets or on the simulator's true values plus noise.", "",
              "```bash", command, "```", "",
              f"Commit `{commit}`; {os.cpu_count()} CPUs, {args.threads} torch thread(s); evaluation "

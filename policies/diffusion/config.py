@@ -76,8 +76,9 @@ class DiffusionConfig:
             learns to act on estimates as imprecise as the head's), at inference the head's estimate
             from the image. pick_place: a state policy told the object's pose succeeds 0.97 where
             the image policy reaches 0.5-0.6 (docs/results/pick_place_state); conditioned on its
-            own estimate, 0.50-0.62 (docs/results/pick_place_state_condition): the estimate, 7 mm
-            off near the object and 12-16 mm off while approaching it, is the limit.
+            own estimate, 0.50-0.62 from 10 demonstrations per pair, whose head learns their
+            placements rather than where an object is; 0.77 from 80 per pair without the random
+            crop (docs/results/pick_place_state_condition_d80).
         state_target_reference: an observed low-dim key (e.g. ``robot0_eef_pos``) whose current
             value the targets are taken relative to: each target's entries minus the reference's
             first entries (as many, in order: both in one frame, e.g. world x, y, z), so the head
